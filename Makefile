@@ -1,0 +1,53 @@
+# dgx_spark.cluster: tooling, the simulated pair, and the test suite.
+# Everything runs from the project-local virtualenv, made on first use.
+
+VENV    ?= .venv
+PY      := $(VENV)/bin/python
+BIN     := $(VENV)/bin
+export PATH := $(CURDIR)/$(BIN):$(PATH)
+export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
+
+.PHONY: help venv lint unit sim-up sim-down sim-clean sim-test test demo build
+
+help:
+	@echo "make demo      bring the simulated pair up and run deploy.yml on it"
+	@echo "make test      lint, unit tests, simulated pair tests"
+	@echo "make sim-up    start (or refresh) the simulated pair"
+	@echo "make sim-down  remove the pair's containers, networks and volumes"
+	@echo "make sim-clean sim-down plus the sim's images and keys"
+
+$(VENV)/.installed: requirements.txt
+	python3 -m venv $(VENV)
+	$(BIN)/pip install -q --disable-pip-version-check -r requirements.txt
+	touch $@
+
+venv: $(VENV)/.installed
+
+lint: venv
+	$(BIN)/yamllint -s .
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/ansible-lint
+
+unit: venv
+	$(BIN)/pytest -q tests/unit
+
+sim-up: venv
+	$(PY) sim/simctl.py up
+
+sim-down: venv
+	$(PY) sim/simctl.py down
+
+sim-clean: venv
+	$(PY) sim/simctl.py down --purge
+
+sim-test: sim-up
+	$(BIN)/pytest -q tests/sim
+
+build: venv
+	$(BIN)/ansible-galaxy collection build --force --output-path .cache/dist .
+
+test: lint unit sim-test
+
+demo: sim-up
+	$(BIN)/ansible-playbook -i inventories/sim deploy.yml

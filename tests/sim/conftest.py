@@ -1,0 +1,74 @@
+"""Fixtures for tests that run against the simulated pair (make sim-up first)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import testinfra
+
+ROOT = Path(__file__).resolve().parents[2]
+INVENTORY = ROOT / "inventories" / "sim"
+
+
+def _load_simctl():
+    spec = importlib.util.spec_from_file_location("simctl", ROOT / "sim" / "simctl.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+simctl = _load_simctl()
+
+
+@pytest.fixture(scope="session")
+def sim():
+    """The sim's own description of the pair; fails when the pair is not up."""
+    nodes = simctl.read_nodes()
+    for node in nodes:
+        state = simctl.container_state(node.container)
+        if not state or not state["State"]["Running"]:
+            pytest.fail(f"{node.name} is not running: run `make sim-up` first")
+    return simctl
+
+
+@pytest.fixture(scope="session")
+def nodes(sim):
+    return sim.read_nodes()
+
+
+@pytest.fixture(scope="session")
+def hosts(sim, nodes):
+    """testinfra hosts over real SSH, with the key and host keys sim-up wrote."""
+    config = sim.STATE / "ssh" / "config"
+    return {n.name: testinfra.get_host(f"ssh://{n.name}", ssh_config=str(config)) for n in nodes}
+
+
+def run_ansible(pattern: str, module: str, args: str = "", *extra: str) -> dict[str, dict]:
+    """An ad-hoc Ansible run against the sim inventory; returns each host's result."""
+    env = {
+        **os.environ,
+        "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
+        "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1",
+        "ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.json",
+    }
+    cmd = ["ansible", pattern, "-i", str(INVENTORY), "-m", module, *extra]
+    if args:
+        cmd += ["-a", args]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, text=True, capture_output=True, check=False)
+    try:
+        report = json.loads(proc.stdout)
+    except json.JSONDecodeError:
+        pytest.fail(f"ansible printed no JSON (rc {proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return {host: res for play in report["plays"] for task in play["tasks"] for host, res in task["hosts"].items()}
+
+
+@pytest.fixture(scope="session")
+def ansible():
+    return run_ansible

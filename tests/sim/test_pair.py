@@ -1,0 +1,146 @@
+"""The simulated pair itself: SSH, per-node Docker daemons, the fast link, fixtures."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+
+import pytest
+
+
+def test_both_nodes_answer_ansible_over_ssh(ansible, nodes):
+    results = ansible("sparks", "ansible.builtin.command", "id -un")
+    assert sorted(results) == sorted(n.name for n in nodes)
+    for name, res in results.items():
+        assert not res.get("unreachable"), f"{name}: {res.get('msg')}"
+        assert res["stdout"] == "spark", f"{name} should be reached as the owner's account"
+
+
+def test_become_works_for_the_owner(ansible):
+    results = ansible("sparks", "ansible.builtin.command", "id -u", "--become")
+    assert {name: res["stdout"] for name, res in results.items()} == {"spark-1": "0", "spark-2": "0"}
+
+
+def test_node_trust_is_not_preinstalled(hosts):
+    for name, host in hosts.items():
+        assert not host.file("/home/spark/.ssh/authorized_keys").exists, (
+            f"{name}: node-to-node trust is host_prep's job, the sim must not install it"
+        )
+
+
+def test_each_node_runs_its_own_dockerd(hosts, sim):
+    daemon_ids = set()
+    for name, host in hosts.items():
+        info = host.run("sudo docker info -f '{{.ID}} {{.Name}}'")
+        assert info.rc == 0, f"{name}: {info.stderr}"
+        daemon_id, daemon_host = info.stdout.split()
+        assert daemon_host == name
+        daemon_ids.add(daemon_id)
+        bridge = host.run(f"sudo docker run --rm {sim.CLUSTER_IMAGE} python3 -c 'print(6 * 7)'")
+        assert bridge.rc == 0 and bridge.stdout.strip() == "42", f"{name}: {bridge.stderr}"
+    assert len(daemon_ids) == len(hosts), "each node must have a Docker daemon of its own"
+
+
+def test_inner_container_sees_the_fast_link_on_host_network(hosts, nodes, sim):
+    for node in nodes:
+        out = hosts[node.name].check_output(
+            f"sudo docker run --rm --network host {sim.CLUSTER_IMAGE} "
+            "python3 -c 'import socket; print(socket.gethostname())'"
+        )
+        assert out.strip() == node.name
+
+
+def _interfaces(host) -> list[dict]:
+    return json.loads(host.check_output("ip -j addr show"))
+
+
+def _iface_with(host, address: str) -> dict:
+    for iface in _interfaces(host):
+        if any(a.get("local") == address for a in iface.get("addr_info", [])):
+            return iface
+    pytest.fail(f"no interface carries {address}")
+
+
+def test_fast_link_has_mtu_9000_on_both(hosts, nodes):
+    for node in nodes:
+        assert _iface_with(hosts[node.name], node.fast_ip)["mtu"] == 9000, node.name
+        assert _iface_with(hosts[node.name], node.mgmt_ip)["mtu"] == 1500, node.name
+
+
+def test_fast_link_reaches_the_peer_with_jumbo_frames(hosts, nodes):
+    first, second = nodes[0], nodes[1]
+    # 8972 bytes of payload + 28 of headers = 9000; -M do forbids fragmentation.
+    ping = hosts[first.name].run(f"ping -c 1 -W 2 -M do -s 8972 {second.fast_ip}")
+    assert ping.rc == 0, ping.stdout + ping.stderr
+    too_big = hosts[first.name].run(f"ping -c 1 -W 2 -M do -s 8973 {second.fast_ip}")
+    assert too_big.rc != 0
+
+
+@pytest.mark.parametrize("image_attr", ["CLUSTER_IMAGE", "DONOR_IMAGE"])
+def test_fixture_images_present_on_both(hosts, sim, image_attr):
+    image = getattr(sim, image_attr)
+    wanted = sim.image_id(image)
+    assert wanted, f"{image} was not built on the host"
+    for name, host in hosts.items():
+        got = host.run(f"sudo docker image inspect -f '{{{{.Id}}}}' {image}")
+        assert got.rc == 0, f"{image} missing on {name}"
+        assert got.stdout.strip() == wanted, f"{name} has another {image}"
+
+
+def test_cluster_image_has_ray_and_old_vllm_registry(hosts, sim):
+    out = hosts["spark-1"].check_output(
+        f"sudo docker run --rm {sim.CLUSTER_IMAGE} python3 -c "
+        "'import importlib.metadata as m; print(m.version(\"ray\"), m.version(\"vllm\"))'"
+    )
+    assert out.split() == [sim.RAY_VERSION, sim.OLD_VLLM_VERSION]
+
+
+def _http(url: str, body: dict | None = None, timeout: float = 10) -> dict:
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        return json.loads(resp.read() or b"{}")
+
+
+def test_donor_serves_the_tiny_model(ansible, hosts, nodes, sim):
+    node = nodes[0]
+    host = hosts[node.name]
+    model_dir = "/home/spark/sim-models/tiny-qwen3-moe"
+    copied = ansible(
+        node.name, "ansible.builtin.copy", f"src={sim.TINY_MODEL}/ dest={model_dir}/ mode=preserve"
+    )[node.name]
+    assert not copied.get("failed"), copied.get("msg")
+    name = "dgxsim-test-donor"
+    host.run(f"sudo docker rm -f {name}")
+    start = host.run(
+        f"sudo docker run -d --name {name} --network host -v {model_dir}:/model:ro "
+        f"{sim.DONOR_IMAGE} /model --load-format dummy --served-model-name tiny "
+        "--port 8000 --max-model-len 512 --dtype bfloat16"
+    )
+    assert start.rc == 0, start.stderr
+    try:
+        base = f"http://{node.mgmt_ip}:8000"
+        deadline = time.monotonic() + 300
+        while True:
+            try:
+                _http(f"{base}/health")
+                break
+            except OSError:
+                running = host.run(f"sudo docker inspect -f '{{{{.State.Running}}}}' {name}")
+                if running.stdout.strip() != "true" or time.monotonic() > deadline:
+                    logs = host.run(f"sudo docker logs --tail 40 {name}")
+                    pytest.fail(f"vllm-donor did not become healthy:\n{logs.stdout}{logs.stderr}")
+                time.sleep(3)
+        models = _http(f"{base}/v1/models")
+        assert [m["id"] for m in models["data"]] == ["tiny"]
+        completion = _http(
+            f"{base}/v1/completions",
+            {"model": "tiny", "prompt": "spark node cluster", "max_tokens": 8, "temperature": 0},
+            timeout=120,
+        )
+        assert completion["usage"]["completion_tokens"] == 8
+        assert isinstance(completion["choices"][0]["text"], str)
+        assert completion["choices"][0]["text"] != ""
+    finally:
+        host.run(f"sudo docker rm -f {name}")

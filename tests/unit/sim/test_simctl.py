@@ -1,0 +1,109 @@
+"""sim/simctl.py refuses, with a message saying what to do, a machine that cannot host the pair."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture()
+def simctl(monkeypatch):
+    spec = importlib.util.spec_from_file_location("simctl_under_test", ROOT / "sim" / "simctl.py")
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)
+    spec.loader.exec_module(module)
+    return module
+
+
+def fake_docker(tmp_path: Path, body: str) -> str:
+    """A stand-in docker client: a shell script answering as a broken setup would."""
+    path = tmp_path / "docker"
+    path.write_text("#!/bin/sh\n" + textwrap.dedent(body))
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_no_docker_client(simctl, monkeypatch, tmp_path):
+    monkeypatch.setattr(simctl, "DOCKER", str(tmp_path / "missing" / "docker"))
+    with pytest.raises(simctl.SimError, match=r"no Docker here.*apt-get install docker\.io"):
+        simctl.preflight()
+
+
+def test_daemon_not_running(simctl, monkeypatch, tmp_path):
+    docker = fake_docker(
+        tmp_path,
+        """
+        echo "Cannot connect to the Docker daemon at unix:///var/run/docker.sock." >&2
+        exit 1
+        """,
+    )
+    monkeypatch.setattr(simctl, "DOCKER", docker)
+    with pytest.raises(simctl.SimError, match=r"daemon does not answer.*Cannot connect.*Start it"):
+        simctl.preflight()
+
+
+def test_too_little_disk(simctl, monkeypatch, tmp_path):
+    docker = fake_docker(
+        tmp_path,
+        f"""
+        case "$*" in
+          *ServerVersion*) echo 20.10.24 ;;
+          *DockerRootDir*) echo {tmp_path} ;;
+        esac
+        """,
+    )
+    monkeypatch.setattr(simctl, "DOCKER", docker)
+    monkeypatch.setenv("DGXSIM_MIN_FREE_GB", "1000000")
+    with pytest.raises(simctl.SimError, match=r"too little disk: .* needs 1000000 GB"):
+        simctl.preflight()
+
+
+def test_enough_disk_passes(simctl, monkeypatch, tmp_path):
+    docker = fake_docker(
+        tmp_path,
+        f"""
+        case "$*" in
+          *ServerVersion*) echo 20.10.24 ;;
+          *DockerRootDir*) echo {tmp_path} ;;
+        esac
+        """,
+    )
+    monkeypatch.setattr(simctl, "DOCKER", docker)
+    monkeypatch.setenv("DGXSIM_MIN_FREE_GB", "0")
+    simctl.preflight()
+
+
+def test_daemon_refusing_capabilities(simctl, monkeypatch, tmp_path):
+    docker = fake_docker(
+        tmp_path,
+        """
+        echo "docker: Error response from daemon: privileged mode is incompatible with user namespaces." >&2
+        exit 125
+        """,
+    )
+    monkeypatch.setattr(simctl, "DOCKER", docker)
+    with pytest.raises(simctl.SimError, match=r"refuses the capabilities.*user namespaces.*rootful"):
+        simctl.probe_capabilities("dgxsim-node:bookworm")
+
+
+def test_inventory_addresses_must_be_on_the_sim_networks(simctl, tmp_path):
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(
+        "all:\n  children:\n    sparks:\n      hosts:\n"
+        "        a: {ansible_host: 172.30.240.11, spark_fast_ip: 172.30.241.11}\n"
+        "        b: {ansible_host: 10.1.2.3, spark_fast_ip: 172.30.241.12}\n"
+    )
+    with pytest.raises(simctl.SimError, match=r"b needs an address in 172\.30\.240\.0/24"):
+        simctl.read_nodes(inventory)
+
+
+def test_sim_inventory_matches_the_sim_networks(simctl):
+    nodes = simctl.read_nodes()
+    assert [n.name for n in nodes] == ["spark-1", "spark-2"]
+    assert len({n.fast_ip for n in nodes}) == 2
