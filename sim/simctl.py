@@ -106,11 +106,11 @@ def log(msg: str) -> None:
     print(f"[sim] {msg}", flush=True)
 
 
-def docker(*args: str, check: bool = True, capture: bool = True, **kw) -> subprocess.CompletedProcess:
+def docker(
+    *args: str, check: bool = True, capture: bool = True, **kw
+) -> subprocess.CompletedProcess:
     try:
-        proc = subprocess.run(
-            [DOCKER, *args], text=True, capture_output=capture, check=False, **kw
-        )
+        proc = subprocess.run([DOCKER, *args], text=True, capture_output=capture, check=False, **kw)
     except FileNotFoundError as exc:
         raise SimError(
             f"the docker client '{DOCKER}' is not installed. Install Docker Engine "
@@ -144,7 +144,9 @@ def read_nodes(inventory: Path = INVENTORY) -> list[Node]:
             except ValueError:
                 inside = False
             if not inside:
-                raise SimError(f"{inventory}: {name} needs an address in {subnet} ({net}), got {addr!r}")
+                raise SimError(
+                    f"{inventory}: {name} needs an address in {subnet} ({net}), got {addr!r}"
+                )
         nodes.append(node)
     if len(nodes) < 2:
         raise SimError(f"{inventory} must list at least two nodes, found {len(nodes)}")
@@ -176,16 +178,21 @@ def preflight(cold: bool = True) -> None:
             + (proc.stderr or proc.stdout).strip().splitlines()[-1]
             + "). Start it (systemctl start docker, or dockerd & as root) and rerun make sim-up."
         )
-    need = float(os.environ.get("DGXSIM_MIN_FREE_GB", MIN_FREE_GB_COLD if cold else MIN_FREE_GB_WARM))
+    need = float(
+        os.environ.get("DGXSIM_MIN_FREE_GB", MIN_FREE_GB_COLD if cold else MIN_FREE_GB_WARM)
+    )
     free = docker_root_free_gb()
     if free < need:
         raise SimError(
-            f"too little disk: the Docker root has {free:.1f} GB free, the pair needs {need:.0f} GB "
+            f"too little disk: the Docker root has {free:.1f} GB free, "
+            f"the pair needs {need:.0f} GB "
             "(fixture images are loaded into each node's own daemon). Free space, then rerun."
         )
     for tool in ("ssh-keygen", "ssh-keyscan"):
         if shutil.which(tool) is None:
-            raise SimError(f"{tool} is missing: install the OpenSSH client (apt-get install openssh-client).")
+            raise SimError(
+                f"{tool} is missing: install the OpenSSH client (apt-get install openssh-client)."
+            )
 
 
 def probe_capabilities(image: str) -> None:
@@ -215,7 +222,11 @@ def digest(*parts: str | bytes | Path) -> str:
                 for f in sorted(p for p in part.rglob("*") if p.is_file()):
                     h.update(str(f.relative_to(part)).encode())
                     h.update(b"\0")
-                    h.update(f.read_bytes() if f.stat().st_size < 1 << 20 else str(f.stat().st_size).encode())
+                    h.update(
+                        f.read_bytes()
+                        if f.stat().st_size < 1 << 20
+                        else str(f.stat().st_size).encode()
+                    )
             else:
                 h.update(part.read_bytes())
         else:
@@ -225,7 +236,9 @@ def digest(*parts: str | bytes | Path) -> str:
 
 
 def image_label(image: str, label: str = INPUTS_LABEL) -> str | None:
-    proc = docker("image", "inspect", "-f", f'{{{{index .Config.Labels "{label}"}}}}', image, check=False)
+    proc = docker(
+        "image", "inspect", "-f", f'{{{{index .Config.Labels "{label}"}}}}', image, check=False
+    )
     return proc.stdout.strip() if proc.returncode == 0 else None
 
 
@@ -241,11 +254,19 @@ def build_rootfs_image(tag: str, packages: list[str]) -> str:
         log(f"{tag}: up to date")
         return inputs
     if shutil.which("debootstrap") is None:
-        raise SimError("debootstrap is missing: install it (apt-get install debootstrap) and rerun.")
+        raise SimError(
+            "debootstrap is missing: install it (apt-get install debootstrap) and rerun."
+        )
     log(f"{tag}: debootstrap {DEBIAN_SUITE} with {len(packages)} packages")
     with tempfile.TemporaryDirectory(prefix="dgxsim-rootfs-") as tmp:
         rootfs = Path(tmp) / "rootfs"
-        cmd = ["debootstrap", "--variant=minbase", f"--include={','.join(packages)}", DEBIAN_SUITE, str(rootfs)]
+        cmd = [
+            "debootstrap",
+            "--variant=minbase",
+            f"--include={','.join(packages)}",
+            DEBIAN_SUITE,
+            str(rootfs),
+        ]
         proc = subprocess.run(cmd, text=True, capture_output=True, check=False)
         if proc.returncode != 0:
             raise SimError(f"debootstrap failed: {proc.stdout[-2000:]}{proc.stderr[-2000:]}")
@@ -254,14 +275,17 @@ def build_rootfs_image(tag: str, packages: list[str]) -> str:
                 f.unlink()
         tar = subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
         docker(
-            "import", "--change", f"LABEL {LABEL}=base", "--change", f"LABEL {INPUTS_LABEL}={inputs}",
+            "import", "--change", f"LABEL {LABEL}=base",
+            "--change", f"LABEL {INPUTS_LABEL}={inputs}",
             "--change", "CMD [\"/bin/bash\"]", "-", tag, stdin=tar.stdout,
         )  # fmt: skip
         tar.wait()
     return inputs
 
 
-def build_image(tag: str, context_src: Path, extra: dict[str, Path], build_args: dict[str, str]) -> str:
+def build_image(
+    tag: str, context_src: Path, extra: dict[str, Path], build_args: dict[str, str]
+) -> str:
     """docker build from sim/ files plus generated inputs, skipped when nothing changed."""
     inputs = digest(
         context_src,
@@ -307,7 +331,8 @@ def wheelhouse(name: str, requirement: str) -> Path:
     log(f"wheelhouse {name}: downloading {requirement}")
     dest.mkdir(parents=True, exist_ok=True)
     proc = subprocess.run(
-        [sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:", "-d", str(dest), requirement],
+        [sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:",
+         "-d", str(dest), requirement],
         text=True, capture_output=True, check=False,
     )  # fmt: skip
     if proc.returncode != 0:
@@ -378,7 +403,9 @@ def ensure_networks() -> None:
         if proc.returncode == 0:
             info = json.loads(proc.stdout)[0]
             if (info.get("Labels") or {}).get(LABEL) is None:
-                raise SimError(f"a Docker network named {name} exists and was not made by the sim; remove it.")
+                raise SimError(
+                    f"a Docker network named {name} exists and was not made by the sim; remove it."
+                )
             subnets = [c.get("Subnet") for c in (info.get("IPAM") or {}).get("Config") or []]
             mtu = (info.get("Options") or {}).get("com.docker.network.driver.mtu", "1500")
             if spec["subnet"] in subnets and str(spec["mtu"]) == mtu:
@@ -401,7 +428,9 @@ def ensure_node(node: Node, image: str, pubkey: Path) -> None:
     wanted_image = image_id(image)
     if state is not None:
         if (state["Config"].get("Labels") or {}).get(LABEL) is None:
-            raise SimError(f"a container named {node.container} exists and was not made by the sim.")
+            raise SimError(
+                f"a container named {node.container} exists and was not made by the sim."
+            )
         if state["Image"] == wanted_image:
             if not state["State"]["Running"]:
                 docker("start", node.container)
@@ -427,20 +456,26 @@ def ensure_node(node: Node, image: str, pubkey: Path) -> None:
 def wait_ready(node: Node, timeout: float = 90) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        ok = docker("exec", node.container, "sh", "-c", "docker info >/dev/null && pgrep -x sshd >/dev/null",
-                    check=False)  # fmt: skip
+        ready = "docker info >/dev/null && pgrep -x sshd >/dev/null"
+        ok = docker("exec", node.container, "sh", "-c", ready, check=False)
         if ok.returncode == 0:
             return
         time.sleep(1)
     logs = docker("logs", "--tail", "30", node.container, check=False)
-    raise SimError(f"{node.name}: dockerd or sshd did not come up in {timeout:.0f}s:\n{logs.stdout}{logs.stderr}")
+    raise SimError(
+        f"{node.name}: dockerd or sshd did not come up in {timeout:.0f}s:\n"
+        f"{logs.stdout}{logs.stderr}"
+    )
 
 
 def ssh_key() -> Path:
     key = STATE / "ssh" / "id_ed25519"
     if not key.exists():
         key.parent.mkdir(parents=True, exist_ok=True)
-        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "dgxsim", "-f", str(key)], check=True)
+        subprocess.run(
+            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "dgxsim", "-f", str(key)],
+            check=True,
+        )
     os.chmod(key.with_suffix(".pub"), 0o644)
     return key
 
@@ -475,7 +510,17 @@ def load_into_nodes(image: str, nodes: list[Node]) -> None:
     wanted = image_id(image)
     stale = []
     for node in nodes:
-        proc = docker("exec", node.container, "docker", "image", "inspect", "-f", "{{.Id}}", image, check=False)
+        proc = docker(
+            "exec",
+            node.container,
+            "docker",
+            "image",
+            "inspect",
+            "-f",
+            "{{.Id}}",
+            image,
+            check=False,
+        )
         if proc.returncode != 0 or proc.stdout.strip() != wanted:
             stale.append(node)
     if not stale:
@@ -484,8 +529,11 @@ def load_into_nodes(image: str, nodes: list[Node]) -> None:
     started = time.monotonic()
     save = subprocess.Popen([DOCKER, "save", image], stdout=subprocess.PIPE)
     loads = [
-        subprocess.Popen([DOCKER, "exec", "-i", n.container, "docker", "load", "-q"],
-                         stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)  # fmt: skip
+        subprocess.Popen(
+            [DOCKER, "exec", "-i", n.container, "docker", "load", "-q"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+        )  # fmt: skip
         for n in stale
     ]
     while chunk := save.stdout.read(1 << 20):
@@ -496,7 +544,10 @@ def load_into_nodes(image: str, nodes: list[Node]) -> None:
     failed = [n.name for n, p in zip(stale, loads, strict=True) if p.wait() != 0]
     if save.wait() != 0 or failed:
         raise SimError(f"loading {image} failed on {', '.join(failed) or 'docker save'}")
-    log(f"{image}: loaded into {', '.join(n.name for n in stale)} in {time.monotonic() - started:.0f}s")
+    log(
+        f"{image}: loaded into {', '.join(n.name for n in stale)} "
+        f"in {time.monotonic() - started:.0f}s"
+    )
 
 
 def up() -> None:
@@ -520,7 +571,10 @@ def up() -> None:
     for image in (CLUSTER_IMAGE, DONOR_IMAGE):
         load_into_nodes(image, nodes)
     make_tiny_model()
-    log(f"pair up in {time.monotonic() - started:.0f}s: " + ", ".join(f"{n.name}={n.mgmt_ip}" for n in nodes))
+    log(
+        f"pair up in {time.monotonic() - started:.0f}s: "
+        + ", ".join(f"{n.name}={n.mgmt_ip}" for n in nodes)
+    )
 
 
 def down(purge: bool) -> None:
@@ -541,16 +595,23 @@ def down(purge: bool) -> None:
 def status() -> None:
     for node in read_nodes():
         state = container_state(node.container)
-        print(f"{node.name}: {'running' if state and state['State']['Running'] else 'absent or stopped'}")
+        print(
+            f"{node.name}: "
+            f"{'running' if state and state['State']['Running'] else 'absent or stopped'}"
+        )
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="cmd", required=True)
     sub.add_parser("preflight")
     sub.add_parser("up")
     down_p = sub.add_parser("down")
-    down_p.add_argument("--purge", action="store_true", help="also remove the sim's images and .sim/")
+    down_p.add_argument(
+        "--purge", action="store_true", help="also remove the sim's images and .sim/"
+    )
     sub.add_parser("status")
     args = parser.parse_args()
     try:

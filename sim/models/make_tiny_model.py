@@ -48,11 +48,53 @@ CONFIG = {
 
 def corpus() -> list[str]:
     """A fixed English-ish corpus, large enough for 512 merges."""
-    words = (
-        "spark node cluster ray vllm tensor parallel link memory model weight token "
-        "expert router layer head cache serve answer question the a of to and in is "
-        "for on with as by at from this that it be are was were one two three four"
-    ).split()
+    words = [
+        "spark",
+        "node",
+        "cluster",
+        "ray",
+        "vllm",
+        "tensor",
+        "parallel",
+        "link",
+        "memory",
+        "model",
+        "weight",
+        "token",
+        "expert",
+        "router",
+        "layer",
+        "head",
+        "cache",
+        "serve",
+        "answer",
+        "question",
+        "the",
+        "a",
+        "of",
+        "to",
+        "and",
+        "in",
+        "is",
+        "for",
+        "on",
+        "with",
+        "as",
+        "by",
+        "at",
+        "from",
+        "this",
+        "that",
+        "it",
+        "be",
+        "are",
+        "was",
+        "were",
+        "one",
+        "two",
+        "three",
+        "four",
+    ]
     lines = []
     for i in range(400):
         picked = [words[(i * 7 + j * 13) % len(words)] for j in range(12)]

@@ -65,8 +65,15 @@ def run_ansible(pattern: str, module: str, args: str = "", *extra: str) -> dict[
     try:
         report = json.loads(proc.stdout)
     except json.JSONDecodeError:
-        pytest.fail(f"ansible printed no JSON (rc {proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
-    return {host: res for play in report["plays"] for task in play["tasks"] for host, res in task["hosts"].items()}
+        pytest.fail(
+            f"ansible printed no JSON (rc {proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+        )
+    return {
+        host: res
+        for play in report["plays"]
+        for task in play["tasks"]
+        for host, res in task["hosts"].items()
+    }
 
 
 @pytest.fixture(scope="session")

@@ -19,7 +19,10 @@ def test_both_nodes_answer_ansible_over_ssh(ansible, nodes):
 
 def test_become_works_for_the_owner(ansible):
     results = ansible("sparks", "ansible.builtin.command", "id -u", "--become")
-    assert {name: res["stdout"] for name, res in results.items()} == {"spark-1": "0", "spark-2": "0"}
+    assert {name: res["stdout"] for name, res in results.items()} == {
+        "spark-1": "0",
+        "spark-2": "0",
+    }
 
 
 def test_node_trust_is_not_preinstalled(hosts):
@@ -91,7 +94,7 @@ def test_fixture_images_present_on_both(hosts, sim, image_attr):
 def test_cluster_image_has_ray_and_old_vllm_registry(hosts, sim):
     out = hosts["spark-1"].check_output(
         f"sudo docker run --rm {sim.CLUSTER_IMAGE} python3 -c "
-        "'import importlib.metadata as m; print(m.version(\"ray\"), m.version(\"vllm\"))'"
+        '\'import importlib.metadata as m; print(m.version("ray"), m.version("vllm"))\''
     )
     assert out.split() == [sim.RAY_VERSION, sim.OLD_VLLM_VERSION]
 

@@ -83,12 +83,15 @@ def test_daemon_refusing_capabilities(simctl, monkeypatch, tmp_path):
     docker = fake_docker(
         tmp_path,
         """
-        echo "docker: Error response from daemon: privileged mode is incompatible with user namespaces." >&2
+        echo "docker: Error response from daemon: privileged mode is incompatible" \
+          "with user namespaces." >&2
         exit 125
         """,
     )
     monkeypatch.setattr(simctl, "DOCKER", docker)
-    with pytest.raises(simctl.SimError, match=r"refuses the capabilities.*user namespaces.*rootful"):
+    with pytest.raises(
+        simctl.SimError, match=r"refuses the capabilities.*user namespaces.*rootful"
+    ):
         simctl.probe_capabilities("dgxsim-node:bookworm")
 
 

@@ -1,0 +1,71 @@
+"""Shared set-up for the unit tests.
+
+* ``<repo>/collections`` goes on ``sys.path``: ``collections/ansible_collections/dgx_spark/
+  cluster`` is a committed link to the repository root, so the collection's code imports as
+  ``ansible_collections.dgx_spark.cluster...`` exactly as Ansible loads it.
+* ``vllm_sdist``: ``tools/vllm_sdist.py`` loaded from its path.
+* ``fetch_vllm_sdist``: fetch (or find cached) a published vLLM source archive. Where it
+  cannot be fetched the test is skipped, unless the ``CI`` variable is set: there it fails.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+COLLECTIONS = REPO_ROOT / "collections"
+_LINK = COLLECTIONS / "ansible_collections" / "dgx_spark" / "cluster"
+
+if not (_LINK / "galaxy.yml").is_file():
+    raise RuntimeError(
+        f"{_LINK} must be a link to the repository root "
+        "(mkdir -p collections/ansible_collections/dgx_spark && "
+        "ln -s ../../.. collections/ansible_collections/dgx_spark/cluster)"
+    )
+if str(COLLECTIONS) not in sys.path:
+    sys.path.insert(0, str(COLLECTIONS))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "network: fetches published vLLM source archives (cached under .cache/vllm-sdist); "
+        "skipped when offline unless CI is set",
+    )
+
+
+def load_tool(name: str):
+    """Import ``tools/<name>.py`` by path (tools/ is not a package)."""
+    path = REPO_ROOT / "tools" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"dgx_spark_tools_{name}", path)
+    assert spec is not None and spec.loader is not None, path
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
+def vllm_sdist():
+    return load_tool("vllm_sdist")
+
+
+@pytest.fixture(scope="session")
+def fetch_vllm_sdist(vllm_sdist):
+    """``fetch(version) -> Path`` of the verified archive in the shared cache."""
+
+    def fetch(version: str) -> Path:
+        try:
+            return vllm_sdist.fetch_sdist(version)
+        except (vllm_sdist.SdistError, OSError) as exc:
+            reason = f"vllm-{version}.tar.gz cannot be fetched: {exc}"
+            if os.environ.get("CI"):
+                pytest.fail(f"{reason} (CI is set, so this is an error, not a skip)")
+            pytest.skip(reason)
+
+    return fetch
