@@ -423,31 +423,40 @@ def container_state(name: str) -> dict | None:
     return json.loads(proc.stdout)[0] if proc.returncode == 0 else None
 
 
+def node_args(node: Node, image: str, pubkey: Path) -> list[str]:
+    """How a node container is made; a change here recreates the node on the next up."""
+    return [
+        "--name", node.container, "--hostname", node.name,
+        "--restart", "unless-stopped", *DIND_FLAGS,
+        # vLLM's shared-memory queues and --ipc host in inner containers need room.
+        "--shm-size", "4g",
+        "-v", f"{node.volume}:/var/lib/docker",
+        "-v", f"{pubkey}:/etc/ssh/authorized_keys/spark:ro",
+        "--network", MGMT_NETWORK, "--ip", node.mgmt_ip, image,
+    ]  # fmt: skip
+
+
 def ensure_node(node: Node, image: str, pubkey: Path) -> None:
+    args = node_args(node, image, pubkey)
+    inputs = digest(*args, image_id(image) or image, node.fast_ip)
     state = container_state(node.container)
-    wanted_image = image_id(image)
     if state is not None:
-        if (state["Config"].get("Labels") or {}).get(LABEL) is None:
+        labels = state["Config"].get("Labels") or {}
+        if labels.get(LABEL) is None:
             raise SimError(
                 f"a container named {node.container} exists and was not made by the sim."
             )
-        if state["Image"] == wanted_image:
+        if labels.get(INPUTS_LABEL) == inputs:
             if not state["State"]["Running"]:
                 docker("start", node.container)
                 log(f"{node.name}: started")
             else:
                 log(f"{node.name}: running")
             return
-        log(f"{node.name}: node image changed, recreating (its Docker volume is kept)")
+        log(f"{node.name}: node image or settings changed, recreating (its Docker volume is kept)")
         docker("rm", "-f", node.container)
     docker("volume", "create", "--label", f"{LABEL}=volume", node.volume)
-    docker(
-        "create", "--name", node.container, "--hostname", node.name, "--label", f"{LABEL}=node",
-        "--restart", "unless-stopped", *DIND_FLAGS,
-        "-v", f"{node.volume}:/var/lib/docker",
-        "-v", f"{pubkey}:/etc/ssh/authorized_keys/spark:ro",
-        "--network", MGMT_NETWORK, "--ip", node.mgmt_ip, image,
-    )  # fmt: skip
+    docker("create", "--label", f"{LABEL}=node", "--label", f"{INPUTS_LABEL}={inputs}", *args)
     docker("network", "connect", "--ip", node.fast_ip, FAST_NETWORK, node.container)
     docker("start", node.container)
     log(f"{node.name}: created ({node.mgmt_ip} management, {node.fast_ip} fast link)")

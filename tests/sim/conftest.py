@@ -14,6 +14,8 @@ import testinfra
 
 ROOT = Path(__file__).resolve().parents[2]
 INVENTORY = ROOT / "inventories" / "sim"
+# The Ansible of the interpreter running the tests (the project venv).
+ANSIBLE_BIN = Path(sys.executable).parent
 
 
 def _load_simctl():
@@ -58,7 +60,7 @@ def run_ansible(pattern: str, module: str, args: str = "", *extra: str) -> dict[
         "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1",
         "ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.json",
     }
-    cmd = ["ansible", pattern, "-i", str(INVENTORY), "-m", module, *extra]
+    cmd = [str(ANSIBLE_BIN / "ansible"), pattern, "-i", str(INVENTORY), "-m", module, *extra]
     if args:
         cmd += ["-a", args]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, text=True, capture_output=True, check=False)

@@ -117,9 +117,9 @@ def test_donor_serves_the_tiny_model(ansible, hosts, nodes, sim):
     name = "dgxsim-test-donor"
     host.run(f"sudo docker rm -f {name}")
     start = host.run(
-        f"sudo docker run -d --name {name} --network host -v {model_dir}:/model:ro "
+        f"sudo docker run -d --name {name} --network host --ipc host -v {model_dir}:/model:ro "
         f"{sim.DONOR_IMAGE} /model --load-format dummy --served-model-name tiny "
-        "--port 8000 --max-model-len 512 --dtype bfloat16"
+        "--port 8000 --max-model-len 512 --dtype bfloat16 --enforce-eager"
     )
     assert start.rc == 0, start.stderr
     try:
