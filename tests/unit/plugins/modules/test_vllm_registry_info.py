@@ -1,0 +1,380 @@
+"""Tests for plugins/modules/vllm_registry_info.py with a fake Docker client.
+
+The fake runs the real probe script under this test's Python against a fake ``vllm`` tree,
+so the module, the probe and the pure logic are exercised together; Docker's failures are
+the real exception classes of the docker SDK with the messages the daemon really sends.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import requests
+from ansible.module_utils.testing import patch_module_args
+from ansible_collections.dgx_spark.cluster.plugins.modules import vllm_registry_info as mod
+from docker.errors import APIError, DockerException, ImageNotFound
+
+NODE = "spark-1"
+IMAGE = "vllm-donor:0.32.0-cpu"
+OTHER = "vllm-node:0.14.1-ray2.60.0"
+REGISTRY = textwrap.dedent(
+    """
+    _TEXT_GENERATION_MODELS = {
+        "Qwen3MoeForCausalLM": ("qwen3_moe", "Qwen3MoeForCausalLM"),
+    }
+    _MULTIMODAL_MODELS = {
+        "Qwen3_5MoeForConditionalGeneration": ("qwen3_5", "Qwen3_5MoeForConditionalGeneration"),
+    }
+    _VLLM_MODELS = {**_TEXT_GENERATION_MODELS, **_MULTIMODAL_MODELS}
+    """
+)
+OLD_REGISTRY = textwrap.dedent(
+    """
+    _TEXT_GENERATION_MODELS = {
+        "Qwen3MoeForCausalLM": ("qwen3_moe", "Qwen3MoeForCausalLM"),
+    }
+    _VLLM_MODELS = {**_TEXT_GENERATION_MODELS}
+    """
+)
+
+
+def write(path: Path, text: str = "") -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def make_site(root: Path, registry: str | None, models: dict[str, str]) -> Path:
+    site = root / "site"
+    site.mkdir(parents=True)
+    if registry is None:
+        return site
+    write(site / "vllm" / "__init__.py")
+    write(site / "vllm" / "model_executor" / "__init__.py")
+    write(site / "vllm" / "model_executor" / "models" / "__init__.py")
+    write(site / "vllm" / "model_executor" / "models" / "registry.py", registry)
+    for name, text in models.items():
+        write(site / "vllm" / "model_executor" / "models" / f"{name}.py", text)
+    write(site / "vllm-0.32.0.dist-info" / "METADATA", "Name: vllm\nVersion: 0.32.0\n")
+    return site
+
+
+class FakeImage:
+    def __init__(self, name: str, site: Path, env: list[str]):
+        self.id = "sha256:" + (name.encode().hex() * 8)[:64]
+        self.site = site
+        self.attrs = {"Config": {"Env": env}}
+
+
+class FakeContainer:
+    def __init__(self, client: FakeClient, image: FakeImage, entrypoint, command, **kwargs):
+        self.client, self.image, self.entrypoint, self.command = client, image, entrypoint, command
+        self.kwargs = kwargs
+        self.proc: subprocess.CompletedProcess | None = None
+        self.removed = False
+
+    def start(self):
+        python = self.entrypoint[0]
+        if python not in self.client.pythons:
+            raise APIError(
+                '400 Client Error: Bad Request ("failed to create shim task: OCI runtime create '
+                "failed: runc create failed: unable to start container process: exec: "
+                f'"{python}": executable file not found in $PATH: unknown")'
+            )
+        self.proc = subprocess.run(
+            [sys.executable, "-S", *self.entrypoint[1:], *self.command],
+            env={"PYTHONPATH": str(self.image.site)},
+            capture_output=True,
+            check=False,
+            timeout=60,
+        )
+
+    def wait(self, timeout):
+        self.client.waited_with = timeout
+        if self.client.hang:
+            raise requests.exceptions.ConnectionError(f"Read timed out. (read timeout={timeout})")
+        return {"StatusCode": self.proc.returncode}
+
+    def logs(self, stdout=True, stderr=True):
+        return (self.proc.stdout if stdout else b"") + (self.proc.stderr if stderr else b"")
+
+    def remove(self, force=False):
+        self.removed = force
+
+
+class FakeClient:
+    def __init__(self, images: dict[str, FakeImage], pythons=("python3",), hang=False):
+        self.known = images
+        self.pythons = set(pythons)
+        self.hang = hang
+        self.created: list[FakeContainer] = []
+        self.closed = False
+        self.waited_with = None
+        client = self
+
+        class Images:
+            def get(self, name):
+                if name not in client.known:
+                    raise ImageNotFound(f'404 Client Error: Not Found ("No such image: {name}")')
+                return client.known[name]
+
+        class Containers:
+            def create(self, image_id, **kwargs):
+                image = next(i for i in client.known.values() if i.id == image_id)
+                container = FakeContainer(client, image, **kwargs)
+                client.created.append(container)
+                return container
+
+        self.images, self.containers = Images(), Containers()
+
+    def close(self):
+        self.closed = True
+
+
+@pytest.fixture
+def images(tmp_path):
+    donor = make_site(
+        tmp_path / "donor",
+        REGISTRY,
+        {
+            "qwen3_moe": "class Qwen3MoeForCausalLM:\n    pass\n",
+            "qwen3_5": "import torchvision  # noqa\n",
+        },
+    )
+    old = make_site(
+        tmp_path / "old", OLD_REGISTRY, {"qwen3_moe": "class Qwen3MoeForCausalLM:\n    pass\n"}
+    )
+    return {
+        IMAGE: FakeImage(IMAGE, donor, ["PATH=/opt/vllm/bin:/usr/bin", "VIRTUAL_ENV=/opt/vllm"]),
+        OTHER: FakeImage(OTHER, old, ["PATH=/usr/bin"]),
+        "debian:bookworm": FakeImage("debian", make_site(tmp_path / "plain", None, {}), []),
+        "broken:1": FakeImage(
+            "broken", make_site(tmp_path / "broken", "_VLLM_MODELS = f()\n", {}), []
+        ),
+    }
+
+
+@pytest.fixture
+def client(images, monkeypatch):
+    fake = FakeClient(images)
+    seen = {}
+
+    def connect(**kwargs):
+        seen.update(kwargs)
+        return fake
+
+    monkeypatch.setattr(mod.docker, "DockerClient", connect)
+    monkeypatch.setattr(mod.socket, "gethostname", lambda: NODE)
+    fake.connect_args = seen
+    return fake
+
+
+def run(args: dict, capsys, check_mode: bool = False) -> tuple[int, dict]:
+    if check_mode:
+        args = {**args, "_ansible_check_mode": True}
+    with patch_module_args(args), pytest.raises(SystemExit) as exit_:
+        mod.main()
+    return exit_.value.code, json.loads(capsys.readouterr().out)
+
+
+# --------------------------------------------------------------------------- results
+
+
+def test_static_read(client, capsys):
+    archs = ["Qwen3_5MoeForConditionalGeneration", "Nope"]
+    code, out = run({"image": IMAGE, "architectures": archs}, capsys)
+    assert code == 0, out
+    assert out["changed"] is False
+    assert out["node"] == NODE
+    assert out["image_id"] == client.images.get(IMAGE).id
+    assert out["versions"]["vllm"] == "0.32.0"
+    assert out["versions"]["torch"] is None
+    assert out["vllm_path"].endswith("/site/vllm")
+    assert list(out["architectures"]) == [
+        "Qwen3MoeForCausalLM",
+        "Qwen3_5MoeForConditionalGeneration",
+    ]
+    assert {a: c["status"] for a, c in out["checked"].items()} == {
+        "Qwen3_5MoeForConditionalGeneration": "present",
+        "Nope": "missing",
+    }
+    assert "Qwen3_5MoeForConditionalGeneration  present" in out["table"]
+    assert out["table"].startswith(f"{IMAGE} on {NODE} (sha256:")
+    assert "comparison" not in out
+    # VIRTUAL_ENV's python is tried first, then python3 through PATH; both containers go.
+    assert [c.entrypoint[0] for c in client.created] == ["/opt/vllm/bin/python3", "python3"]
+    assert all(c.removed for c in client.created)
+    assert all(c.kwargs["network_disabled"] for c in client.created)
+    assert client.closed
+    assert client.connect_args["base_url"] == "unix:///var/run/docker.sock"
+    assert client.waited_with == 300
+
+
+def test_docker_host_comes_from_the_environment(client, capsys, monkeypatch):
+    monkeypatch.setenv("DOCKER_HOST", "unix:///run/other.sock")
+    code, _out = run({"image": IMAGE}, capsys)
+    assert code == 0
+    assert client.connect_args["base_url"] == "unix:///run/other.sock"
+
+
+def test_import_read_reports_the_real_exception_without_failing(client, capsys):
+    archs = ["Qwen3MoeForCausalLM", "Qwen3_5MoeForConditionalGeneration", "Nope"]
+    code, out = run({"image": IMAGE, "architectures": archs, "mode": "import"}, capsys)
+    assert code == 0, out
+    assert out.get("failed") is not True
+    checked = out["checked"]
+    assert checked["Qwen3MoeForCausalLM"]["status"] == "present"
+    assert checked["Qwen3_5MoeForConditionalGeneration"] == {
+        "status": "import_error",
+        "module": "vllm.model_executor.models.qwen3_5",
+        "class": "Qwen3_5MoeForConditionalGeneration",
+        "file": "vllm/model_executor/models/qwen3_5.py",
+        "file_present": True,
+        "message": "ModuleNotFoundError: No module named 'torchvision'",
+    }
+    assert checked["Nope"]["status"] == "missing"
+    assert "  -> ModuleNotFoundError: No module named 'torchvision'" in out["table"]
+
+
+def test_compare_to(client, capsys):
+    code, out = run({"image": IMAGE, "compare_to": OTHER}, capsys)
+    assert code == 0, out
+    comparison = out["comparison"]
+    assert list(comparison["architectures"]["only_in_image"]) == [
+        "Qwen3_5MoeForConditionalGeneration"
+    ]
+    assert comparison["architectures"]["only_in_compare_to"] == {}
+    assert comparison["model_files"] == {
+        "only_in_image": ["vllm/model_executor/models/qwen3_5.py"],
+        "only_in_compare_to": [],
+    }
+    assert comparison["compare_to"]["image"] == OTHER
+    assert comparison["compare_to"]["image_id"] == client.images.get(OTHER).id
+
+
+def test_check_mode_reads_the_same(client, capsys):
+    code, out = run(
+        {"image": IMAGE, "architectures": ["Qwen3MoeForCausalLM"]}, capsys, check_mode=True
+    )
+    assert code == 0, out
+    assert out["changed"] is False
+    assert out["checked"]["Qwen3MoeForCausalLM"]["status"] == "present"
+
+
+def test_explicit_python_is_the_only_one_tried(client, capsys):
+    code, out = run({"image": IMAGE, "python": "/opt/conda/bin/python"}, capsys)
+    assert code == 1
+    assert out["msg"] == (
+        f"image {IMAGE} on node {NODE} has no Python to run the probe with (tried "
+        "/opt/conda/bin/python); name the interpreter that has vLLM with the python option"
+    )
+    assert [c.entrypoint[0] for c in client.created] == ["/opt/conda/bin/python"]
+    assert client.created[0].removed
+
+
+# --------------------------------------------------------------------------- errors
+
+
+def test_image_not_on_the_node(client, capsys):
+    code, out = run({"image": "vllm-missing:1"}, capsys)
+    assert code == 1
+    assert out["failed"] is True
+    assert out["msg"].startswith("image vllm-missing:1 is not on node spark-1: load or pull it")
+    assert out["node"] == NODE
+    assert client.created == []
+
+
+def test_compare_to_image_not_on_the_node(client, capsys):
+    code, out = run({"image": IMAGE, "compare_to": "old:1"}, capsys)
+    assert code == 1
+    assert out["msg"].startswith("image old:1 is not on node spark-1")
+
+
+def test_no_vllm_in_the_image(client, capsys):
+    code, out = run({"image": "debian:bookworm"}, capsys)
+    assert code == 1
+    assert out["msg"].startswith(f"image debian:bookworm on node {NODE} has no vLLM: ")
+    assert "finds no 'vllm' package" in out["msg"]
+    assert out["msg"].endswith("name it with the python option")
+    assert all(c.removed for c in client.created)
+
+
+def test_registry_not_parseable(client, capsys):
+    code, out = run({"image": "broken:1"}, capsys)
+    assert code == 1
+    assert out["msg"].startswith(f"image broken:1 on node {NODE} (vLLM 0.32.0): ")
+    assert (
+        "registry.py cannot be read as vLLM's model registry: cannot evaluate _VLLM_MODELS"
+        in out["msg"]
+    )
+
+
+def test_probe_timeout(client, capsys):
+    client.hang = True
+    code, out = run({"image": OTHER, "timeout": 5}, capsys)
+    assert code == 1
+    assert out["msg"].startswith(f"image {OTHER} on node {NODE}, probe run with python3: ")
+    assert "did not finish within 5s" in out["msg"]
+    assert client.created[-1].removed
+
+
+def test_probe_without_an_answer(client, capsys, images):
+    # A stdlib module shadowed on sys.path: the probe dies before it can answer.
+    write(images[OTHER].site / "json.py", "raise ImportError('json is broken here')\n")
+    code, out = run({"image": OTHER}, capsys)
+    assert code == 1
+    assert "the probe exited with status 1 without an answer" in out["msg"]
+    assert "json is broken here" in out["msg"]
+
+
+def test_docker_daemon_unreachable(monkeypatch, capsys):
+    def refuse(**kwargs):
+        raise DockerException(
+            "Error while fetching server API version: ('Connection aborted.', "
+            "FileNotFoundError(2, 'No such file or directory'))"
+        )
+
+    monkeypatch.setattr(mod.docker, "DockerClient", refuse)
+    monkeypatch.setattr(mod.socket, "gethostname", lambda: NODE)
+    code, out = run({"image": IMAGE, "docker_host": "unix:///nowhere.sock"}, capsys)
+    assert code == 1
+    assert out["msg"].startswith(
+        f"cannot reach the Docker daemon at unix:///nowhere.sock on node {NODE}: Error while "
+    )
+    assert "become: true" in out["msg"]
+
+
+def test_docker_api_error_mid_run(client, capsys, monkeypatch):
+    def broken(name):
+        raise APIError('500 Server Error: Internal Server Error ("disk full")')
+
+    monkeypatch.setattr(client.images, "get", broken)
+    code, out = run({"image": IMAGE}, capsys)
+    assert code == 1
+    assert out["msg"].startswith(f"Docker on node {NODE} failed while reading {IMAGE}: 500 Server")
+    assert client.closed
+
+
+def test_docker_sdk_missing(monkeypatch, capsys):
+    monkeypatch.setattr(mod, "HAS_DOCKER", False)
+    monkeypatch.setattr(mod, "DOCKER_IMPORT_ERROR", "Traceback: No module named 'docker'")
+    code, out = run({"image": IMAGE}, capsys)
+    assert code == 1
+    assert "Failed to import the required Python library (docker)" in out["msg"]
+
+
+@pytest.mark.parametrize(
+    ("args", "pattern"),
+    [
+        ({}, "missing required arguments: image"),
+        ({"image": IMAGE, "mode": "run"}, "value of mode must be one of: static, import"),
+    ],
+)
+def test_argument_errors(client, capsys, args, pattern):
+    code, out = run(args, capsys)
+    assert code == 1
+    assert pattern in out["msg"]
