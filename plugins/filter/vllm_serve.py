@@ -1,0 +1,45 @@
+# Copyright: contributors to the dgx_spark.cluster collection
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""Filters exposing plugins/module_utils/vllm_command.py to the vllm_serve role."""
+
+from __future__ import annotations
+
+from ansible.errors import AnsibleFilterError
+from ansible_collections.dgx_spark.cluster.plugins.module_utils import vllm_command
+
+
+def vllm_serve_args(settings, backend, node_rank, nnodes, master_addr):
+    try:
+        return vllm_command.serve_args(
+            dict(settings), backend=str(backend), node_rank=int(node_rank),
+            nnodes=int(nnodes), master_addr=str(master_addr),
+        )  # fmt: skip
+    except vllm_command.ServeConfigError as exc:
+        raise AnsibleFilterError(str(exc)) from exc
+
+
+def vllm_serve_env(settings, backend, ray_address, token_path):
+    return vllm_command.serve_env(
+        dict(settings),
+        backend=str(backend),
+        ray_address=str(ray_address),
+        token_path=str(token_path),
+    )
+
+
+def vllm_serve_parallel_error(gpus, tensor_parallel_size, pipeline_parallel_size=1):
+    """The reason the sizes do not fit the GPUs, or an empty string."""
+    try:
+        vllm_command.check_parallel_sizes(tensor_parallel_size, pipeline_parallel_size, dict(gpus))
+    except vllm_command.ServeConfigError as exc:
+        return str(exc)
+    return ""
+
+
+class FilterModule:
+    def filters(self):
+        return {
+            "vllm_serve_args": vllm_serve_args,
+            "vllm_serve_env": vllm_serve_env,
+            "vllm_serve_parallel_error": vllm_serve_parallel_error,
+        }

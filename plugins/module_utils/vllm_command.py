@@ -1,0 +1,109 @@
+# Copyright: contributors to the dgx_spark.cluster collection
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""The `vllm serve` command line and environment of one node, as pure functions.
+
+Two backends serve one model across several nodes:
+- ``ray``: the head runs ``vllm serve --distributed-executor-backend ray`` as a driver of the
+  Ray cluster that ray_cluster formed; workers run nothing of their own.
+- ``multinode``: vLLM's own launcher (``--nnodes/--node-rank/--master-addr/--master-port``);
+  every node runs ``vllm serve``, the workers with ``--headless``.
+"""
+
+from __future__ import annotations
+
+import json
+
+BACKENDS = ("ray", "multinode")
+
+
+class ServeConfigError(ValueError):
+    """Settings that cannot make a working command; the message names the variable."""
+
+
+def _flag(args: list[str], name: str, value) -> None:
+    if value is None or value == "" or value is False:
+        return
+    if value is True:
+        args.append(f"--{name}")
+    else:
+        args.extend([f"--{name}", str(value)])
+
+
+def serve_args(
+    settings: dict, *, backend: str, node_rank: int, nnodes: int, master_addr: str
+) -> list:
+    """Arguments after ``vllm serve`` for the node of rank ``node_rank`` (0 is the head)."""
+    if backend not in BACKENDS:
+        raise ServeConfigError(
+            f"vllm_serve_backend must be one of {', '.join(BACKENDS)}, got {backend!r}"
+        )
+    if not 0 <= node_rank < nnodes:
+        raise ServeConfigError(f"node rank {node_rank} is outside 0..{nnodes - 1}")
+    model = settings.get("model_path") or ""
+    if not model:
+        raise ServeConfigError("vllm_serve_model_path must name the model directory on every node")
+    if backend == "ray" and node_rank != 0:
+        return []
+
+    args = [model]
+    _flag(args, "tensor-parallel-size", settings.get("tensor_parallel_size"))
+    if int(settings.get("pipeline_parallel_size") or 1) > 1:
+        _flag(args, "pipeline-parallel-size", settings["pipeline_parallel_size"])
+    if backend == "ray":
+        _flag(args, "distributed-executor-backend", "ray")
+    else:
+        _flag(args, "nnodes", nnodes)
+        _flag(args, "node-rank", node_rank)
+        _flag(args, "master-addr", master_addr)
+        _flag(args, "master-port", settings.get("master_port"))
+    # Engine settings: every rank must agree on them.
+    _flag(args, "max-model-len", settings.get("max_model_len"))
+    _flag(args, "gpu-memory-utilization", settings.get("gpu_memory_utilization"))
+    _flag(args, "max-num-batched-tokens", settings.get("max_num_batched_tokens"))
+    _flag(args, "enable-prefix-caching", bool(settings.get("enable_prefix_caching")))
+    speculative = settings.get("speculative_config") or {}
+    if speculative:
+        compact = json.dumps(speculative, sort_keys=True, separators=(",", ":"))
+        _flag(args, "speculative-config", compact)
+    args.extend(str(a) for a in settings.get("extra_args") or [])
+    if node_rank > 0:
+        # A headless worker serves no API: the API settings below are the head's.
+        args.append("--headless")
+        return args
+    _flag(args, "served-model-name", settings.get("served_model_name"))
+    _flag(args, "host", settings.get("host"))
+    _flag(args, "port", settings.get("port"))
+    _flag(args, "reasoning-parser", settings.get("reasoning_parser"))
+    _flag(args, "enable-auto-tool-choice", bool(settings.get("enable_auto_tool_choice")))
+    _flag(args, "tool-call-parser", settings.get("tool_call_parser"))
+    return args
+
+
+def serve_env(settings: dict, *, backend: str, ray_address: str, token_path: str) -> dict:
+    """Environment of the serving container beyond the communication file from host_prep."""
+    env = {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
+    if backend == "ray":
+        env.update(
+            {
+                "RAY_ADDRESS": ray_address,
+                "RAY_AUTH_MODE": "token",
+                "RAY_AUTH_TOKEN_PATH": token_path,
+            }
+        )
+    env.update({str(k): str(v) for k, v in (settings.get("env") or {}).items()})
+    return env
+
+
+def check_parallel_sizes(
+    tensor_parallel_size: int, pipeline_parallel_size: int, gpus: dict
+) -> None:
+    """TP x PP must use exactly the GPUs the inventory declares across the nodes."""
+    total = sum(int(v) for v in gpus.values())
+    wanted = int(tensor_parallel_size) * int(pipeline_parallel_size)
+    if wanted != total:
+        per_node = ", ".join(f"{h}={n}" for h, n in sorted(gpus.items()))
+        raise ServeConfigError(
+            f"vllm_serve_tensor_parallel_size ({tensor_parallel_size}) x "
+            f"vllm_serve_pipeline_parallel_size ({pipeline_parallel_size}) = {wanted} must equal "
+            f"the GPUs across the nodes, {total} ({per_node}; spark_gpus per node)"
+        )

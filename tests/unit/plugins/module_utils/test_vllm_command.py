@@ -1,0 +1,160 @@
+"""The vllm serve command lines and environments the vllm_serve role renders."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from ansible_collections.dgx_spark.cluster.plugins.module_utils import vllm_command
+
+ROOT = Path(__file__).resolve().parents[4]
+DEFAULTS = yaml.safe_load((ROOT / "roles/vllm_serve/defaults/main.yml").read_text())
+
+
+def production_settings(**overrides) -> dict:
+    """The role's defaults, as vars/main.yml maps them, for the Qwen3.5 recipe."""
+    settings = {
+        key.removeprefix("vllm_serve_"): value
+        for key, value in DEFAULTS.items()
+        if key.startswith("vllm_serve_")
+    }
+    settings["model_path"] = "/var/lib/dgx-spark/models/Qwen3.5-122B-A10B-FP8"
+    settings.update(overrides)
+    return settings
+
+
+def test_ray_backend_head_renders_the_recipe():
+    args = vllm_command.serve_args(
+        production_settings(), backend="ray", node_rank=0, nnodes=2, master_addr="198.51.100.11"
+    )
+    assert args == [
+        "/var/lib/dgx-spark/models/Qwen3.5-122B-A10B-FP8",
+        "--tensor-parallel-size", "2",
+        "--distributed-executor-backend", "ray",
+        "--max-model-len", "262144",
+        "--gpu-memory-utilization", "0.8",
+        "--max-num-batched-tokens", "8192",
+        "--enable-prefix-caching",
+        "--served-model-name", "Qwen3.5-122B-A10B-FP8",
+        "--host", "0.0.0.0",
+        "--port", "8000",
+        "--reasoning-parser", "qwen3",
+        "--enable-auto-tool-choice",
+        "--tool-call-parser", "qwen3_coder",
+    ]  # fmt: skip
+    assert not any("api" in a.lower() for a in args), "the API key never goes on the command line"
+
+
+def test_ray_backend_workers_run_no_vllm_of_their_own():
+    assert (
+        vllm_command.serve_args(
+            production_settings(), backend="ray", node_rank=1, nnodes=2, master_addr="x"
+        )
+        == []
+    )
+
+
+def test_ray_backend_environment():
+    env = vllm_command.serve_env(
+        production_settings(),
+        backend="ray",
+        ray_address="198.51.100.11:6379",
+        token_path="/etc/dgx-spark-vllm/ray-token",
+    )
+    assert env == {
+        "HF_HUB_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "RAY_ADDRESS": "198.51.100.11:6379",
+        "RAY_AUTH_MODE": "token",
+        "RAY_AUTH_TOKEN_PATH": "/etc/dgx-spark-vllm/ray-token",
+    }
+
+
+def test_mtp_speculative_config_is_compact_json():
+    settings = production_settings(
+        speculative_config={"method": "mtp", "num_speculative_tokens": 1}
+    )
+    args = vllm_command.serve_args(settings, backend="ray", node_rank=0, nnodes=2, master_addr="x")
+    i = args.index("--speculative-config")
+    assert args[i + 1] == '{"method":"mtp","num_speculative_tokens":1}'
+
+
+def test_multinode_head_and_headless_worker_agree_on_engine_settings():
+    settings = production_settings(extra_args=["--load-format", "dummy"])
+    head = vllm_command.serve_args(
+        settings, backend="multinode", node_rank=0, nnodes=2, master_addr="198.51.100.11"
+    )
+    worker = vllm_command.serve_args(
+        settings, backend="multinode", node_rank=1, nnodes=2, master_addr="198.51.100.11"
+    )
+    launcher = ["--nnodes", "2", "--master-addr", "198.51.100.11", "--master-port", "29501"]
+    for args in (head, worker):
+        for flag, value in zip(launcher[::2], launcher[1::2], strict=True):
+            assert args[args.index(flag) + 1] == value
+        assert args[args.index("--load-format") + 1] == "dummy"
+        assert args[args.index("--max-model-len") + 1] == "262144"
+    assert head[head.index("--node-rank") + 1] == "0" and "--headless" not in head
+    assert worker[worker.index("--node-rank") + 1] == "1" and worker[-1] == "--headless"
+    assert "--port" in head and "--port" not in worker
+    assert "RAY_ADDRESS" not in vllm_command.serve_env(
+        settings, backend="multinode", ray_address="x", token_path="y"
+    )
+
+
+def test_empty_settings_are_left_to_vllm():
+    settings = production_settings(
+        gpu_memory_utilization="", reasoning_parser="", tool_call_parser="",
+        enable_auto_tool_choice=False, enable_prefix_caching=False, max_num_batched_tokens=None,
+    )  # fmt: skip
+    args = vllm_command.serve_args(settings, backend="ray", node_rank=0, nnodes=2, master_addr="x")
+    left_out = {
+        "--gpu-memory-utilization", "--reasoning-parser", "--tool-call-parser",
+        "--enable-auto-tool-choice", "--enable-prefix-caching", "--max-num-batched-tokens",
+    }  # fmt: skip
+    assert not left_out & set(args)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"backend": "mpi"}, "vllm_serve_backend must be one of ray, multinode, got 'mpi'"),
+        ({"node_rank": 2}, "node rank 2 is outside 0..1"),
+    ],
+)
+def test_bad_settings(kwargs, message):
+    call = {"backend": "ray", "node_rank": 0, "nnodes": 2, "master_addr": "x", **kwargs}
+    with pytest.raises(vllm_command.ServeConfigError, match=message):
+        vllm_command.serve_args(production_settings(), **call)
+
+
+def test_model_path_required():
+    with pytest.raises(vllm_command.ServeConfigError, match="vllm_serve_model_path"):
+        vllm_command.serve_args(
+            production_settings(model_path=""),
+            backend="ray",
+            node_rank=0,
+            nnodes=2,
+            master_addr="x",
+        )
+
+
+@pytest.mark.parametrize(
+    ("tp", "pp", "gpus", "ok"),
+    [
+        (2, 1, {"spark-1": 1, "spark-2": 1}, True),
+        (4, 1, {"a": 1, "b": 1, "c": 1, "d": 1}, True),
+        (2, 2, {"a": 1, "b": 1, "c": 1, "d": 1}, True),
+        (1, 1, {"spark-1": 1, "spark-2": 1}, False),
+        (4, 1, {"spark-1": 1, "spark-2": 1}, False),
+    ],
+)
+def test_parallel_sizes_against_declared_gpus(tp, pp, gpus, ok):
+    if ok:
+        vllm_command.check_parallel_sizes(tp, pp, gpus)
+    else:
+        with pytest.raises(
+            vllm_command.ServeConfigError,
+            match=rf"vllm_serve_tensor_parallel_size \({tp}\) x vllm_serve_pipeline_parallel_size",
+        ):
+            vllm_command.check_parallel_sizes(tp, pp, gpus)
