@@ -25,11 +25,13 @@ def test_become_works_for_the_owner(ansible):
     }
 
 
-def test_node_trust_is_not_preinstalled(hosts):
-    for name, host in hosts.items():
-        assert not host.file("/home/spark/.ssh/authorized_keys").exists, (
-            f"{name}: node-to-node trust is host_prep's job, the sim must not install it"
-        )
+def test_node_image_carries_no_trust(sim):
+    """Node-to-node trust is host_prep's job: the sim's node image must not ship any."""
+    out = sim.docker(
+        "run", "--rm", "--entrypoint", "/bin/sh", "dgxsim-node:" + sim.DEBIAN_SUITE,
+        "-c", "ls -A /home/spark/.ssh /root/.ssh /etc/ssh/ssh_host_* 2>/dev/null; true",
+    ).stdout  # fmt: skip
+    assert out.strip() == "", f"the node image ships keys: {out}"
 
 
 def test_each_node_runs_its_own_dockerd(hosts, sim):

@@ -1,5 +1,5 @@
-"""The host_prep role's own files: argument_specs in sync with defaults, the templates render
-what a Spark needs, and the NCCL check script refuses unbounded buffers."""
+"""The host_prep role's own files (argument_specs against defaults: test_argument_specs.py):
+the templates render what a Spark needs, and the NCCL check script refuses unbounded buffers."""
 
 from __future__ import annotations
 
@@ -12,19 +12,6 @@ import pytest
 import yaml
 
 ROLE = Path(__file__).resolve().parents[3] / "roles" / "host_prep"
-
-
-def _load(path: Path) -> dict:
-    return yaml.safe_load(path.read_text())
-
-
-def test_argument_specs_match_defaults():
-    defaults = _load(ROLE / "defaults" / "main.yml")
-    options = _load(ROLE / "meta" / "argument_specs.yml")["argument_specs"]["main"]["options"]
-    assert sorted(options) == sorted(defaults)
-    for name, value in defaults.items():
-        assert options[name].get("default") == value, name
-        assert name.startswith("host_prep_"), name
 
 
 def _render(name: str, **context) -> str:

@@ -1,0 +1,83 @@
+# Copyright: contributors to the dgx_spark.cluster collection
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""Filters the host_prep role uses; thin wrappers over plugins/module_utils (documented in the
+sidecar YAML files next to this one)."""
+
+from __future__ import annotations
+
+from ansible.errors import AnsibleFilterError
+from ansible_collections.dgx_spark.cluster.plugins.module_utils import fast_link, link_checks
+
+
+def host_prep_links(links, host, facts, fast_ip, mgmt_ip="", mtu=9000):
+    """One node's host_prep_cx7_links, checked against its facts: {links, errors}."""
+    return fast_link.resolve_links(links, str(host), dict(facts), str(fast_ip), str(mgmt_ip), mtu)
+
+
+def host_prep_nodes(hosts, hostvars, me=None, suffix="-fast"):
+    """All nodes at once: cross-node errors, /etc/hosts entries and (for ``me``) peer targets."""
+    hosts = [str(h) for h in hosts]
+    links = {h: list(hostvars[h].get("_host_prep_links") or []) for h in hosts}
+    nodes = {
+        h: {"links": links[h], "fast_ip": str(hostvars[h].get("spark_fast_ip", ""))} for h in hosts
+    }
+    return {
+        "errors": fast_link.cross_check(links),
+        "host_entries": fast_link.host_entries(nodes, str(suffix)),
+        "names_by_node": fast_link.known_host_names(nodes, str(suffix)),
+        "peers": fast_link.peer_targets(links, str(me)) if me is not None else [],
+    }
+
+
+def host_prep_roce(links, ibdev2netdev, host=""):
+    """Fill each link's RoCE device from ``ibdev2netdev`` output: {links, errors}."""
+    try:
+        entries = link_checks.parse_ibdev2netdev(str(ibdev2netdev))
+    except link_checks.CheckOutputError as exc:
+        return {"links": list(links), "errors": [f"{host}: {exc}"]}
+    return fast_link.attach_roce(list(links), entries, str(host))
+
+
+def host_prep_comm_env(links, fast_ip, extra=None):
+    """The communication environment (dict of str) for the node's resolved links."""
+    try:
+        return fast_link.comm_env(list(links), str(fast_ip), dict(extra or {}))
+    except ValueError as exc:
+        raise AnsibleFilterError(str(exc)) from exc
+
+
+_CHECKS = {
+    "addresses": link_checks.check_addresses,
+    "link": link_checks.check_link,
+    "roce": link_checks.check_roce,
+    "rdma": link_checks.check_ib_write_bw,
+    "all_gather_perf": link_checks.check_all_gather_perf,
+    "busbw_json": link_checks.check_busbw_json,
+}
+
+
+def host_prep_check(text, check, *args, **kwargs):
+    """Decide one check on a tool's output: {check, passed, message, ...}."""
+    if check not in _CHECKS:
+        raise AnsibleFilterError(
+            f"host_prep_check: unknown check {check!r}; one of {sorted(_CHECKS)}"
+        )
+    try:
+        return _CHECKS[check](str(text), *args, **kwargs)
+    except link_checks.CheckOutputError as exc:
+        return {
+            "check": check,
+            "passed": False,
+            "message": f"cannot read the {check} output: {exc}",
+        }
+
+
+class FilterModule:
+    def filters(self):
+        return {
+            "host_prep_links": host_prep_links,
+            "host_prep_nodes": host_prep_nodes,
+            "host_prep_roce": host_prep_roce,
+            "host_prep_comm_env": host_prep_comm_env,
+            "host_prep_check": host_prep_check,
+        }

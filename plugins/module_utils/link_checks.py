@@ -1,0 +1,494 @@
+# Copyright: contributors to the dgx_spark.cluster collection
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""Read the fast-link checks' output and decide pass or fail.
+
+One parser and one decision per check that host_prep runs on real Sparks:
+
+* ``ethtool <netdev>``: the link is up at the expected speed (200000Mb/s on a ConnectX-7 twin);
+* ``ibdev2netdev``: which RoCE device backs which netdev, and whether its port is Up;
+* ``ib_write_bw --report_gbits``: RDMA write bandwidth of one RoCE device;
+* nccl-tests ``all_gather_perf`` and this collection's ``nccl_allgather_busbw.py``: the
+  all_gather bus bandwidth, reported as a percentage of 25 GB/s (200 Gb/s);
+* ``NCCL_DEBUG=INFO`` output: the network transport NCCL chose (``NET/IB`` or ``NET/Socket``).
+
+Every ``check_*`` function returns a plain dict with ``passed`` (bool) and ``message`` (one
+line a user can act on) plus what was measured, so Ansible can print and assert it.
+
+Pure standard library and no Ansible imports: ``roles/host_prep/files/nccl_allgather_busbw.py``
+imports this file by path inside a container that has no Ansible.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+# 200 Gb/s line rate of the ConnectX-7 link = 25 GB/s: the base of the reported percentage.
+REFERENCE_BUSBW_GBPS = 25.0
+# NVIDIA's two-Spark NCCL script fails below this all_gather busbw (87.5 % of 25 GB/s).
+DEFAULT_MIN_BUSBW_GBPS = 21.875
+DEFAULT_LINK_SPEED_MBPS = 200000
+# ib_write_bw measures ≈111.7 Gb/s on one twin of a healthy pair; 90 leaves room for noise
+# while still failing a link that negotiated 50 Gb/s or runs at MTU 1500.
+DEFAULT_MIN_RDMA_GBPS = 90.0
+
+
+class CheckOutputError(ValueError):
+    """The text is not the output of the tool it was given as."""
+
+
+def _result(check: str, passed: bool, message: str, **details) -> dict:
+    return {"check": check, "passed": passed, "message": message, **details}
+
+
+# --------------------------------------------------------------------------- ip -j addr
+
+
+def check_addresses(ip_json: str, links: list[dict], mtu: int) -> dict:
+    """``ip -j addr show``: every link's netdev is up, carries its address and has ``mtu``."""
+    try:
+        data = json.loads(ip_json)
+    except ValueError as exc:
+        raise CheckOutputError(f"not the JSON of ip -j addr show: {exc}") from None
+    by_name = {i.get("ifname"): i for i in data if isinstance(i, dict)}
+    problems, seen = [], []
+    for link in links:
+        netdev = link["netdev"]
+        iface = by_name.get(netdev)
+        if iface is None:
+            problems.append(f"{netdev}: no such interface")
+            continue
+        have = [
+            f"{a.get('local')}/{a.get('prefixlen')}"
+            for a in iface.get("addr_info", [])
+            if a.get("family") == "inet"
+        ]
+        state = iface.get("operstate", "UNKNOWN")
+        if iface.get("mtu") != int(mtu):
+            problems.append(f"{netdev}: MTU {iface.get('mtu')}, expected {int(mtu)}")
+        if link["address"] not in have:
+            problems.append(f"{netdev}: {link['address']} not configured (has {have or 'none'})")
+        if state not in ("UP", "UNKNOWN"):
+            problems.append(f"{netdev}: {state}")
+        seen.append(f"{netdev} {link['address']} MTU {iface.get('mtu')} {state}")
+    if problems:
+        return _result("addresses", False, "; ".join(problems))
+    return _result("addresses", True, "; ".join(seen))
+
+
+# --------------------------------------------------------------------------- ethtool
+
+_ETHTOOL_NAME = re.compile(r"^Settings for (\S+):\s*$", re.M)
+_ETHTOOL_SPEED = re.compile(r"^\s*Speed:\s*(\S+)\s*$", re.M)
+_ETHTOOL_LINK = re.compile(r"^\s*Link detected:\s*(yes|no)\s*$", re.M)
+_ETHTOOL_DUPLEX = re.compile(r"^\s*Duplex:\s*(\S+)", re.M)
+
+
+def parse_ethtool(text: str) -> dict:
+    """``ethtool <netdev>`` -> netdev, speed_mbps (None when unknown), link_detected, duplex."""
+    speed = _ETHTOOL_SPEED.search(text)
+    link = _ETHTOOL_LINK.search(text)
+    if not speed and not link:
+        raise CheckOutputError("not ethtool output: no 'Speed:' and no 'Link detected:' line")
+    name = _ETHTOOL_NAME.search(text)
+    duplex = _ETHTOOL_DUPLEX.search(text)
+    speed_mbps = None
+    if speed:
+        m = re.fullmatch(r"(\d+)Mb/s", speed.group(1))
+        speed_mbps = int(m.group(1)) if m else None
+    return {
+        "netdev": name.group(1) if name else None,
+        "speed_mbps": speed_mbps,
+        "link_detected": (link.group(1) == "yes") if link else None,
+        "duplex": duplex.group(1) if duplex else None,
+    }
+
+
+def check_link(
+    text: str, expected_mbps: int = DEFAULT_LINK_SPEED_MBPS, netdev: str | None = None
+) -> dict:
+    """The link is detected and runs at ``expected_mbps`` or faster.
+
+    ``netdev`` defaults to the name in ethtool's ``Settings for <netdev>:`` line.
+    """
+    parsed = parse_ethtool(text)
+    if netdev and parsed["netdev"] not in (None, netdev):
+        raise CheckOutputError(f"ethtool output is for {parsed['netdev']}, not {netdev}")
+    netdev = netdev or parsed["netdev"] or "the link"
+    speed = parsed["speed_mbps"]
+    shown = f"{speed}Mb/s" if speed is not None else "speed unknown"
+    if parsed["link_detected"] is False:
+        return _result(
+            "link", False, f"{netdev}: link down (Link detected: no, {shown}); check the cable",
+            netdev=netdev, speed_mbps=speed, link_detected=False,
+        )  # fmt: skip
+    if speed is None or speed < expected_mbps:
+        return _result(
+            "link", False,
+            f"{netdev}: link at {shown}, expected {expected_mbps}Mb/s "
+            "(a ConnectX-7 twin on a QSFP cable to the peer)",
+            netdev=netdev, speed_mbps=speed, link_detected=parsed["link_detected"],
+        )  # fmt: skip
+    return _result(
+        "link", True, f"{netdev}: link up at {speed}Mb/s",
+        netdev=netdev, speed_mbps=speed, link_detected=True,
+    )  # fmt: skip
+
+
+# --------------------------------------------------------------------------- ibdev2netdev
+
+_IBDEV = re.compile(r"^(\S+) port (\d+) ==> (\S+) \((\w+)\)\s*$")
+
+
+def parse_ibdev2netdev(text: str) -> list[dict]:
+    """``ibdev2netdev`` lines ``rocep1s0f1 port 1 ==> enp1s0f1np1 (Up)`` -> list of dicts."""
+    entries = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        m = _IBDEV.match(line.strip())
+        if not m:
+            raise CheckOutputError(f"not an ibdev2netdev line: {line.strip()!r}")
+        roce, port, netdev, state = m.groups()
+        entries.append({"roce": roce, "port": int(port), "netdev": netdev, "state": state})
+    return entries
+
+
+def roce_for_netdevs(text: str, netdevs: list[str]) -> dict:
+    """Which RoCE device backs each netdev: {netdev: roce or None}."""
+    by_netdev = {e["netdev"]: e["roce"] for e in parse_ibdev2netdev(text)}
+    return {n: by_netdev.get(n) for n in netdevs}
+
+
+def check_roce(text: str, links: list[dict]) -> dict:
+    """Every link's netdev is backed by a RoCE device (its ``roce`` when given) that is Up."""
+    entries = parse_ibdev2netdev(text)
+    problems = []
+    found = []
+    for link in links:
+        netdev = link["netdev"]
+        mine = [e for e in entries if e["netdev"] == netdev]
+        if not mine:
+            problems.append(f"{netdev}: no RoCE device backs it in ibdev2netdev")
+            continue
+        entry = mine[0]
+        found.append(entry)
+        wanted = link.get("roce") or ""
+        if wanted and wanted != entry["roce"]:
+            problems.append(
+                f"{netdev}: backed by {entry['roce']}, but host_prep_cx7_links names {wanted}"
+            )
+        if entry["state"] != "Up":
+            problems.append(f"{entry['roce']} ==> {netdev} is {entry['state']}, not Up")
+    if problems:
+        return _result("roce", False, "; ".join(problems), devices=found)
+    shown = ", ".join(f"{e['roce']} ==> {e['netdev']}" for e in found)
+    return _result("roce", True, f"RoCE devices up: {shown}", devices=found)
+
+
+# --------------------------------------------------------------------------- ib_write_bw
+
+_PERFTEST_DEVICE = re.compile(r"\bDevice\s*:\s*(\S+)")
+_PERFTEST_HEADER = re.compile(
+    r"#bytes\s+#iterations\s+BW peak\[([^\]]+)\]\s+BW average\[([^\]]+)\]"
+)
+_PERFTEST_ROW = re.compile(r"^\s*(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s*$")
+
+
+def parse_ib_write_bw(text: str) -> dict:
+    """``ib_write_bw --report_gbits`` -> device, rows and the last row's average in Gb/s.
+
+    Only Gb/s output is accepted: the MB/sec default of perftest is ambiguous about its
+    megabyte, and host_prep always passes ``--report_gbits``.
+    """
+    header = _PERFTEST_HEADER.search(text)
+    if not header:
+        raise CheckOutputError("not ib_write_bw output: no '#bytes #iterations BW peak' header")
+    if header.group(2) != "Gb/sec":
+        raise CheckOutputError(
+            f"ib_write_bw reported {header.group(2)}; run it with --report_gbits"
+        )
+    rows = []
+    for line in text[header.end() :].splitlines():
+        m = _PERFTEST_ROW.match(line)
+        if m:
+            size, iters, peak, avg, rate = m.groups()
+            rows.append(
+                {
+                    "bytes": int(size),
+                    "iterations": int(iters),
+                    "bw_peak_gbps": float(peak),
+                    "bw_average_gbps": float(avg),
+                    "msg_rate_mpps": float(rate),
+                }
+            )
+    if not rows:
+        raise CheckOutputError("ib_write_bw printed its header but no result row")
+    device = _PERFTEST_DEVICE.search(text)
+    return {
+        "device": device.group(1) if device else None,
+        "rows": rows,
+        "bw_average_gbps": rows[-1]["bw_average_gbps"],
+    }
+
+
+def check_ib_write_bw(text: str, min_gbps: float = DEFAULT_MIN_RDMA_GBPS) -> dict:
+    """RDMA write bandwidth of one device is at least ``min_gbps``."""
+    parsed = parse_ib_write_bw(text)
+    bw = parsed["bw_average_gbps"]
+    device = parsed["device"] or "RoCE device"
+    passed = bw >= min_gbps
+    verdict = "at least" if passed else "below"
+    return _result(
+        "rdma", passed,
+        f"{device}: RDMA write {bw:.2f} Gb/s, {verdict} host_prep_rdma_min_gbps ({min_gbps:g})",
+        device=parsed["device"], bw_average_gbps=bw, min_gbps=min_gbps,
+    )  # fmt: skip
+
+
+# --------------------------------------------------------------------------- NCCL_DEBUG
+
+_NCCL_IB_USING = re.compile(r"NET/IB : Using (.*)")
+_NCCL_IB_DEVICE = re.compile(r"\[\d+\]([^\s:\[\]]+):(\d+)/(RoCE|IB)")
+_NCCL_SOCKET_USING = re.compile(r"NET/Socket : Using (.*)")
+_NCCL_SOCKET_IFACE = re.compile(r"\[\d+\]([^\s:\[\]]+):")
+_NCCL_NETWORK = re.compile(r"Using network (\S+)")
+_NCCL_CHANNEL = re.compile(r"\bvia (\S+)")
+
+
+def _transport_kind(path: str) -> str:
+    """``NET/IB/0/GDRDMA`` -> ``NET/IB``; ``P2P/IPC/read`` -> ``P2P``; ``SHM/direct`` -> ``SHM``."""
+    parts = path.split("/")
+    if parts[0] in ("NET", "COLLNET") and len(parts) > 1:
+        return f"{parts[0]}/{parts[1]}"
+    return parts[0]
+
+
+def nccl_transport(log: str) -> dict:
+    """What NCCL_DEBUG=INFO output says about the transport NCCL used.
+
+    ``transport`` is ``Socket`` when any channel ran over NET/Socket (or NCCL chose the Socket
+    network), else ``IB`` when channels ran over NET/IB (or NCCL chose IB), else the
+    intra-node transport seen (``P2P``, ``SHM``, ``NVLS``), else ``unknown``.
+    """
+    ib_devices: list[str] = []
+    socket_ifaces: list[str] = []
+    networks: list[str] = []
+    channels: dict[str, int] = {}
+    gdr = False
+    for line in log.splitlines():
+        if "NCCL" not in line and "via " not in line and "NET/" not in line:
+            continue
+        m = _NCCL_IB_USING.search(line)
+        if m:
+            for dev, port, _kind in _NCCL_IB_DEVICE.findall(m.group(1)):
+                name = f"{dev}:{port}"
+                if name not in ib_devices:
+                    ib_devices.append(name)
+        m = _NCCL_SOCKET_USING.search(line)
+        if m:
+            for iface in _NCCL_SOCKET_IFACE.findall(m.group(1)):
+                if iface not in socket_ifaces:
+                    socket_ifaces.append(iface)
+        m = _NCCL_NETWORK.search(line)
+        if m and m.group(1) not in networks:
+            networks.append(m.group(1))
+        if "Channel" in line:
+            m = _NCCL_CHANNEL.search(line)
+            if m:
+                kind = _transport_kind(m.group(1))
+                channels[kind] = channels.get(kind, 0) + 1
+                gdr = gdr or "GDRDMA" in m.group(1)
+    if channels.get("NET/Socket") or "Socket" in networks:
+        transport = "Socket"
+    elif channels.get("NET/IB") or "IB" in networks:
+        transport = "IB"
+    elif socket_ifaces and not ib_devices:
+        transport = "Socket"
+    elif channels:
+        transport = max(sorted(channels), key=lambda k: channels[k])
+    else:
+        transport = "unknown"
+    return {
+        "transport": transport,
+        "ib_devices": ib_devices,
+        "socket_ifaces": socket_ifaces,
+        "networks": networks,
+        "channels": channels,
+        "gdr": gdr,
+    }
+
+
+# --------------------------------------------------------------------------- all_gather
+
+
+def _number(cell: str) -> float | None:
+    try:
+        return float(cell)
+    except ValueError:
+        return None
+
+
+def parse_all_gather_perf(text: str) -> dict:
+    """nccl-tests ``all_gather_perf`` output -> rows, avg_busbw_gbps, wrong, collective.
+
+    Columns are found from the header line that names ``algbw`` and ``busbw``; the first
+    ``time/algbw/busbw/#wrong`` group is out-of-place, the second in-place.
+    """
+    columns: list[str] | None = None
+    rows = []
+    avg = None
+    failure = None
+    for line in text.splitlines():
+        s = line.strip()
+        if s.startswith("#") and "algbw" in s and "busbw" in s:
+            columns = s.lstrip("#").split()
+            continue
+        m = re.match(r"#\s*Avg bus bandwidth\s*:\s*([0-9.]+)", s)
+        if m:
+            avg = float(m.group(1))
+            continue
+        if "NCCL failure" in s or "Test failure" in s or "Test NCCL failure" in s:
+            failure = failure or s
+        if columns and s and s[0].isdigit():
+            cells = s.split()
+            if len(cells) != len(columns):
+                continue
+            row = {"size_bytes": int(cells[0]), "count": int(cells[1])}
+            busbw_columns = [i for i, c in enumerate(columns) if c == "busbw"]
+            for place, i in zip(("oop", "ip"), busbw_columns, strict=False):
+                row[f"{place}_time_us"] = _number(cells[i - 2])
+                row[f"{place}_algbw_gbps"] = _number(cells[i - 1])
+                row[f"{place}_busbw_gbps"] = _number(cells[i])
+                row[f"{place}_wrong"] = _number(cells[i + 1]) if i + 1 < len(cells) else None
+            rows.append(row)
+    if columns is None:
+        raise CheckOutputError("not nccl-tests output: no header with 'algbw' and 'busbw'")
+    wrong = sum(int(r.get(k) or 0) for r in rows for k in ("oop_wrong", "ip_wrong"))
+    return {"rows": rows, "avg_busbw_gbps": avg, "wrong": wrong, "failure": failure}
+
+
+# --------------------------------------------------------------------------- the NCCL check
+
+
+def parse_busbw_json(text: str) -> dict:
+    """The last JSON line that ``nccl_allgather_busbw.py`` printed (``check: nccl_all_gather``)."""
+    found = None
+    for line in text.splitlines():
+        s = line.strip()
+        if not s.startswith("{"):
+            continue
+        try:
+            data = json.loads(s)
+        except ValueError:
+            continue
+        if isinstance(data, dict) and data.get("check") == "nccl_all_gather":
+            found = data
+    if found is None:
+        raise CheckOutputError('no JSON line with "check": "nccl_all_gather" in the output')
+    if not isinstance(found.get("busbw_gbps"), (int, float)):
+        raise CheckOutputError("the nccl_all_gather JSON line has no numeric busbw_gbps")
+    return found
+
+
+def decide_nccl(
+    busbw_gbps: float | None,
+    transport: dict,
+    min_busbw_gbps: float = DEFAULT_MIN_BUSBW_GBPS,
+    reference_gbps: float = REFERENCE_BUSBW_GBPS,
+    require_ib: bool = True,
+) -> dict:
+    """Pass when busbw >= min and (when ``require_ib``) NCCL used NET/IB and never NET/Socket."""
+    reasons = []
+    kind = transport.get("transport", "unknown")
+    if require_ib and kind == "Socket":
+        ifaces = ", ".join(transport.get("socket_ifaces") or []) or "a socket"
+        reasons.append(
+            f"NCCL used the socket transport (NET/Socket over {ifaces}) instead of IB: "
+            "check NCCL_IB_HCA, NCCL_IB_DISABLE and /dev/infiniband in the container"
+        )
+    elif require_ib and kind != "IB":
+        reasons.append(
+            f"NCCL_DEBUG=INFO output shows no NET/IB transport (saw {kind}); "
+            "the run cannot prove RDMA"
+        )
+    percent = None
+    if busbw_gbps is None:
+        reasons.append("no bus bandwidth was measured")
+    else:
+        percent = round(100.0 * busbw_gbps / reference_gbps, 1)
+        if busbw_gbps < min_busbw_gbps:
+            reasons.append(
+                f"busbw {busbw_gbps:.2f} GB/s is below host_prep_nccl_min_busbw_gbps "
+                f"({min_busbw_gbps:g})"
+            )
+    devices = ", ".join(transport.get("ib_devices") or [])
+    over = f"NET/IB ({devices})" if kind == "IB" and devices else f"{kind} transport"
+    measured = (
+        f"all_gather busbw {busbw_gbps:.2f} GB/s = {percent}% of {reference_gbps:g} GB/s"
+        if busbw_gbps is not None
+        else "all_gather busbw not measured"
+    )
+    passed = not reasons
+    message = f"{measured} over {over}: " + ("pass" if passed else "FAIL: " + "; ".join(reasons))
+    return _result(
+        "nccl", passed, message,
+        busbw_gbps=busbw_gbps, percent_of_reference=percent, reference_gbps=reference_gbps,
+        min_busbw_gbps=min_busbw_gbps, transport=kind, ib_devices=transport.get("ib_devices", []),
+        reasons=reasons,
+    )  # fmt: skip
+
+
+def check_all_gather_perf(
+    text: str,
+    min_busbw_gbps: float = DEFAULT_MIN_BUSBW_GBPS,
+    reference_gbps: float = REFERENCE_BUSBW_GBPS,
+    require_ib: bool = True,
+) -> dict:
+    """Decide on an ``all_gather_perf`` run whose output includes NCCL_DEBUG=INFO lines.
+
+    The bus bandwidth judged is the ``Avg bus bandwidth`` line (what NVIDIA's script checks;
+    with one buffer size it is the mean of out-of-place and in-place), else the mean of the rows.
+    Any ``#wrong`` value or NCCL failure fails the check.
+    """
+    parsed = parse_all_gather_perf(text)
+    busbw = parsed["avg_busbw_gbps"]
+    if busbw is None and parsed["rows"]:
+        values = [
+            v
+            for r in parsed["rows"]
+            for v in (r.get("oop_busbw_gbps"), r.get("ip_busbw_gbps"))
+            if v is not None
+        ]
+        busbw = sum(values) / len(values) if values else None
+    result = decide_nccl(busbw, nccl_transport(text), min_busbw_gbps, reference_gbps, require_ib)
+    extra = []
+    if parsed["wrong"]:
+        extra.append(f"{parsed['wrong']} wrong values (data corruption)")
+    if parsed["failure"]:
+        extra.append(parsed["failure"])
+    if not parsed["rows"]:
+        extra.append("no result rows")
+    if extra:
+        result["passed"] = False
+        result["reasons"] = result["reasons"] + extra
+        head = result["message"].split(": pass")[0].split(": FAIL")[0]
+        result["message"] = f"{head}: FAIL: " + "; ".join(result["reasons"])
+    result["rows"] = parsed["rows"]
+    return result
+
+
+def check_busbw_json(
+    text: str,
+    min_busbw_gbps: float = DEFAULT_MIN_BUSBW_GBPS,
+    reference_gbps: float = REFERENCE_BUSBW_GBPS,
+    require_ib: bool = True,
+) -> dict:
+    """Decide on the JSON line of ``nccl_allgather_busbw.py`` (which carries its transport)."""
+    data = parse_busbw_json(text)
+    transport = data.get("nccl") or {"transport": data.get("transport", "unknown")}
+    result = decide_nccl(
+        float(data["busbw_gbps"]), transport, min_busbw_gbps, reference_gbps, require_ib
+    )
+    result["measurement"] = data
+    return result

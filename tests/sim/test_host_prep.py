@@ -1,0 +1,383 @@
+"""playbooks/host_prep.yml on the simulated pair: what it sets up is checked on the nodes
+themselves, a second run changes nothing, and bad inputs stop it before any node changes."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+sys.path.insert(0, str(ROOT / "collections"))
+from ansible_collections.dgx_spark.cluster.plugins.module_utils import (  # noqa: E402
+    link_checks,
+)
+
+# Files host_prep writes; a refused run must leave every one of them as it was.
+WATCHED = (
+    "/etc/netplan/40-cx7.yaml",
+    "/etc/dgx-spark/comm.env",
+    "/etc/hosts",
+    "/home/spark/.ssh/authorized_keys",
+    "/home/spark/.ssh/known_hosts",
+)
+HARDWARE_ONLY = (
+    "hardware-only: skipped RoCE discovery",
+    "hardware-only: skipped netplan apply",
+    "hardware-only: skipped NVIDIA container runtime",
+    "hardware-only: skipped ethtool link speed",
+    "hardware-only: skipped ibdev2netdev RoCE port state",
+    "hardware-only: skipped RDMA write bandwidth",
+    "hardware-only: skipped NCCL all_gather",
+)
+
+
+class Run:
+    def __init__(self, proc: subprocess.CompletedProcess, seconds: float):
+        self.rc = proc.returncode
+        self.seconds = seconds
+        self.raw = proc.stdout + proc.stderr
+        try:
+            self.report = json.loads(proc.stdout)
+        except json.JSONDecodeError:
+            pytest.fail(f"ansible-playbook printed no JSON (rc {self.rc}):\n{self.raw[-4000:]}")
+
+    @property
+    def stats(self) -> dict[str, dict]:
+        return self.report["stats"]
+
+    def results(self):
+        for play in self.report["plays"]:
+            for task in play["tasks"]:
+                name = task["task"]["name"].split(" : ", 1)[-1]  # without the role's prefix
+                for host, res in task["hosts"].items():
+                    yield name, host, res
+
+    def failures(self) -> list[str]:
+        return [
+            f"{host}: {res.get('msg')}" for _name, host, res in self.results() if res.get("failed")
+        ]
+
+    def messages(self) -> str:
+        out = []
+        for _name, _host, res in self.results():
+            out.append(str(res.get("msg", "")))
+            for item in res.get("results", []) or []:
+                if isinstance(item, dict):
+                    out.append(str(item.get("msg", "")))
+        return "\n".join(out)
+
+
+def playbook(*extra: str, path: str = "playbooks/host_prep.yml") -> Run:
+    env = {
+        **os.environ,
+        "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
+        "ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.json",
+        "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1",
+        "ANSIBLE_NOCOLOR": "1",
+    }
+    cmd = [str(BIN / "ansible-playbook"), path, "-i", "inventories/sim"]
+    started = time.monotonic()
+    proc = subprocess.run(
+        [*cmd, *extra], cwd=ROOT, env=env, text=True, capture_output=True, check=False
+    )
+    return Run(proc, time.monotonic() - started)
+
+
+@pytest.fixture(scope="module")
+def runs(sim):
+    first = playbook()
+    assert first.rc == 0, "\n".join(first.failures()) or first.raw[-4000:]
+    second = playbook()
+    assert second.rc == 0, "\n".join(second.failures()) or second.raw[-4000:]
+    print(f"\nhost_prep: first run {first.seconds:.0f}s, second run {second.seconds:.0f}s")
+    return first, second
+
+
+def _iface_with(host, address: str) -> dict:
+    for iface in json.loads(host.check_output("ip -j addr show")):
+        if any(a.get("local") == address for a in iface.get("addr_info", [])):
+            return iface
+    pytest.fail(f"no interface carries {address}")
+
+
+def test_second_run_changes_nothing(runs):
+    _first, second = runs
+    changed = {host: s["changed"] for host, s in second.stats.items()}
+    assert changed == {"spark-1": 0, "spark-2": 0}, [
+        f"{host}: {name}" for name, host, res in second.results() if res.get("changed")
+    ]
+
+
+def test_hardware_only_steps_say_they_skipped(runs):
+    text = runs[1].messages()
+    for line in HARDWARE_ONLY:
+        assert line in text, f"no '{line}' line in the run"
+
+
+def test_fast_link_mtu_and_jumbo_frames_are_checked(runs):
+    results = {(name, host): res for name, host, res in runs[1].results()}
+    for host in ("spark-1", "spark-2"):
+        mtu = results[("Require every twin up with its address and MTU", host)]
+        assert not mtu.get("failed") and "MTU 9000 UP" in mtu["msg"], mtu
+        ping = results[("Ping every peer over each twin with unfragmented jumbo frames", host)]
+        assert [r["rc"] for r in ping["results"]] == [0]
+        assert "-M do -s 8972" in " ".join(ping["results"][0]["cmd"])
+
+
+def test_comm_env_file(runs, hosts, nodes):
+    for node in nodes:
+        host = hosts[node.name]
+        env_file = host.file("/etc/dgx-spark/comm.env")
+        assert (env_file.user, env_file.group, env_file.mode) == ("root", "root", 0o644)
+        lines = [line for line in env_file.content_string.splitlines() if line[:1] not in ("#", "")]
+        env = dict(line.split("=", 1) for line in lines)
+        fast = _iface_with(host, node.fast_ip)["ifname"]
+        assert env["VLLM_HOST_IP"] == node.fast_ip
+        assert env["RAY_NODE_IP_ADDRESS"] == env["RAY_OVERRIDE_NODE_IP_ADDRESS"] == node.fast_ip
+        for key in (
+            "NCCL_SOCKET_IFNAME",
+            "GLOO_SOCKET_IFNAME",
+            "TP_SOCKET_IFNAME",
+            "UCX_NET_DEVICES",
+            "OMPI_MCA_btl_tcp_if_include",
+        ):
+            assert env[key] == fast, f"{node.name}: {key}"
+        assert env["NCCL_IB_DISABLE"] == "1" and "NCCL_IB_HCA" not in env
+
+
+def test_netplan_file_a_spark_would_get(runs, hosts, nodes):
+    for node in nodes:
+        host = hosts[node.name]
+        netplan = host.file("/etc/netplan/40-cx7.yaml")
+        assert (netplan.user, netplan.group, netplan.mode) == ("root", "root", 0o600)
+        data = yaml.safe_load(host.check_output("sudo cat /etc/netplan/40-cx7.yaml"))
+        fast = _iface_with(host, node.fast_ip)["ifname"]
+        assert data == {
+            "network": {
+                "version": 2,
+                "ethernets": {
+                    fast: {
+                        "dhcp4": False,
+                        "dhcp6": False,
+                        "link-local": [],
+                        "mtu": 9000,
+                        "addresses": [f"{node.fast_ip}/24"],
+                    }
+                },
+            }
+        }
+
+
+def test_fast_link_names_in_etc_hosts(runs, hosts, nodes):
+    for node in nodes:
+        host = hosts[node.name]
+        for other in nodes:
+            entry = f"{other.fast_ip} {other.name}-fast {other.name}-fast-1"
+            assert entry in host.file("/etc/hosts").content_string.splitlines(), node.name
+            resolved = host.check_output(f"getent hosts {other.name}-fast").split()
+            assert resolved[0] == other.fast_ip
+
+
+def test_node_to_node_ssh_over_fast_names(runs, hosts, nodes):
+    strict = "ssh -o BatchMode=yes -o StrictHostKeyChecking=yes -o ConnectTimeout=5"
+    for node in nodes:
+        for peer in nodes:  # its own fast names too, as mpirun may use them for the local rank
+            for name in (f"{peer.name}-fast", f"{peer.name}-fast-1", peer.fast_ip, peer.name):
+                got = hosts[node.name].run(f"{strict} {name} hostname")
+                assert got.rc == 0, f"{node.name} -> {name}: {got.stderr}"
+                assert got.stdout.strip() == peer.name
+            # Only the pinned names are trusted: the management address was never pinned.
+            unpinned = hosts[node.name].run(f"{strict} {peer.mgmt_ip} true 2>&1; echo exit=$?")
+            assert "Host key verification failed" in unpinned.stdout
+            assert unpinned.stdout.strip().endswith("exit=255")
+
+
+def test_docker_usable_by_the_owner_without_sudo(runs, hosts):
+    for name, host in hosts.items():
+        got = host.run("docker info --format '{{.ServerVersion}}'")
+        assert got.rc == 0, f"{name}: {got.stderr}"
+        assert "docker" in host.user("spark").groups
+
+
+def test_nccl_check_script_runs_across_the_pair_with_the_comm_env(runs, ansible, hosts, nodes, sim):
+    """The same script the role runs on GPUs, here on CPU (Gloo) with torchrun across the fast
+    link, in a container that reads the node's comm.env: proves the script's two-host path and
+    that the env file is usable as a Docker env_file."""
+    for src in (
+        ROOT / "roles/host_prep/files/nccl_allgather_busbw.py",
+        ROOT / "plugins/module_utils/link_checks.py",
+    ):
+        done = ansible("sparks", "ansible.builtin.copy", f"src={src} dest=/tmp/host_prep_check/")
+        assert not any(r.get("failed") for r in done.values()), done
+    head = nodes[0]
+
+    def run(rank: int, node):
+        cmd = (
+            "docker run --rm --network host --env-file /etc/dgx-spark/comm.env "
+            "-v /tmp/host_prep_check:/checks:ro --entrypoint torchrun "
+            f"{shlex.quote(sim.DONOR_IMAGE)} --nnodes 2 --nproc-per-node 1 --node-rank {rank} "
+            f"--master-addr {head.fast_ip} --master-port 29511 /checks/nccl_allgather_busbw.py "
+            "--device cpu --size 16M --iters 3 --warmup 1 --all-ranks"
+        )
+        return hosts[node.name].run(f"timeout 120 {cmd}")
+
+    try:
+        with ThreadPoolExecutor(max_workers=len(nodes)) as pool:
+            outputs = list(pool.map(run, range(len(nodes)), nodes))
+    finally:
+        for node in nodes:
+            hosts[node.name].run("rm -rf /tmp/host_prep_check")
+    for node, out in zip(nodes, outputs, strict=True):
+        assert out.rc == 0, f"{node.name}: {out.stdout}{out.stderr}"
+        data = link_checks.parse_busbw_json(out.stdout)
+        assert data["world_size"] == 2 and data["hosts"] == sorted(n.name for n in nodes)
+        assert data["wrong"] == 0 and data["backend"] == "gloo"
+        assert data["env"]["VLLM_HOST_IP"] == node.fast_ip
+        assert data["busbw_gbps"] > 0
+
+
+def _fingerprint(hosts) -> dict[str, str]:
+    paths = " ".join(WATCHED)
+    return {name: host.check_output(f"sudo sha256sum {paths}") for name, host in hosts.items()}
+
+
+BAD_INPUTS = {
+    "missing address": (
+        '{"host_prep_cx7_links": [{"netdev": "auto"}]}',
+        "spark-1: host_prep_cx7_links[0].address is missing",
+    ),
+    "duplicate address": (
+        '{"host_prep_cx7_links": [{"netdev": "auto", "address": "{{ spark_fast_ip }}/24"},'
+        ' {"netdev": "docker0", "address": "172.30.242.5/24"}]}',
+        "spark-2: host_prep_cx7_links[1].address 172.30.242.5 is already used by spark-1",
+    ),
+    "address outside its twin's subnet": (
+        '{"host_prep_cx7_links": [{"netdev": "auto", "address": "{{ spark_fast_ip }}/24"},'
+        ' {"netdev": "docker0", "address": "{{ \'172.30.242.11/24\' if inventory_hostname =='
+        " 'spark-1' else '172.30.243.12/24' }}\"}]}",
+        "spark-2: host_prep_cx7_links[1].address 172.30.243.12/24 is outside its twin's subnet "
+        "172.30.242.0/24",
+    ),
+    "two twins in one subnet": (
+        '{"host_prep_cx7_links": [{"netdev": "auto", "address": "{{ spark_fast_ip }}/24"},'
+        ' {"netdev": "docker0", "address": "172.30.241.200/24"}]}',
+        "have the same subnet 172.30.241.0/24",
+    ),
+    "MTU out of range": ("host_prep_mtu=12000", "spark-1: host_prep_mtu (12000) is out of range"),
+    "interface the host does not have, on one node only": (
+        '{"host_prep_cx7_links": [{"netdev": "{{ \'enp1s0f1np1\' if inventory_hostname =='
+        ' \'spark-2\' else \'auto\' }}", "address": "{{ spark_fast_ip }}/24"}]}',
+        "spark-2: host_prep_cx7_links[0].netdev enp1s0f1np1 is not an interface on spark-2",
+    ),
+    "unbounded NCCL buffer": (
+        "host_prep_nccl_size_mib=16384",
+        "host_prep_nccl_size_mib (16384) must be 1 to 8192",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUTS))
+def test_bad_input_fails_before_any_node_changes(runs, hosts, case):
+    extra, message = BAD_INPUTS[case]
+    before = _fingerprint(hosts)
+    run = playbook("-e", extra)
+    assert run.rc != 0
+    assert any(message in f for f in run.failures()), run.failures()
+    assert {host: s["changed"] for host, s in run.stats.items()} == {"spark-1": 0, "spark-2": 0}
+    ran = {name for name, _host, _res in run.results()}
+    assert "Render the netplan file for the ConnectX-7 twins" not in ran
+    assert _fingerprint(hosts) == before
+
+
+STANDINS = Path(__file__).resolve().parent / "host_prep_standins"
+STANDIN_DIR = "/tmp/host_prep_standins"
+STANDIN_NETPLAN = "/etc/netplan/41-standin.yaml"
+
+
+def test_hardware_path_with_stand_ins(runs, ansible, hosts, sim, tmp_path):
+    """The hardware-only tasks run as Ansible tasks with stand-ins for the Spark's tools
+    (host_prep_standins/): netplan apply, the peer check and the rollback, ethtool,
+    ibdev2netdev, ib_write_bw, the NVIDIA runtime and the NCCL check. Files go to other paths
+    than the real run's, and are removed afterwards."""
+    fixtures = ROOT / "tests/unit/fixtures/host_prep"
+    bundle = tmp_path / "standins"
+    bundle.mkdir()
+    for src in [*STANDINS.iterdir(), *(fixtures / n for n in (
+        "ethtool_200g_up.txt", "ib_write_bw_rocep1s0f1.txt", "busbw_json_ib.txt"))]:  # fmt: skip
+        shutil.copy2(src, bundle / src.name)
+    done = ansible(
+        "sparks", "ansible.builtin.copy", f"src={bundle}/ dest={STANDIN_DIR}/ mode=preserve"
+    )
+    assert not any(r.get("failed") for r in done.values()), done
+    wrapper = tmp_path / "hardware.yml"
+    wrapper.write_text(
+        yaml.safe_dump(
+            [
+                {
+                    "name": "host_prep with stand-ins for the Spark's tools",
+                    "hosts": "sparks",
+                    "gather_facts": False,
+                    "any_errors_fatal": True,
+                    "environment": {"PATH": f"{STANDIN_DIR}:/usr/sbin:/usr/bin:/sbin:/bin"},
+                    "vars": {"spark_hardware": True},
+                    "roles": [{"role": "dgx_spark.cluster.host_prep"}],
+                }
+            ]
+        )
+    )
+    extra = [
+        *("-e", f"host_prep_netplan_file={STANDIN_NETPLAN}"),
+        *("-e", f"host_prep_comm_env_file={STANDIN_DIR}/comm.env"),
+        *("-e", f"host_prep_check_dir={STANDIN_DIR}/checks"),
+        *("-e", f"host_prep_nccl_image={sim.DONOR_IMAGE}"),
+        # docker.io is installed: nothing for apt to fetch.
+        *("-e", "host_prep_nvidia_runtime_package=docker.io"),
+        *("-e", "host_prep_rdma_duration_s=1"),
+        # The trust phase is the same as in the real run above.
+        *("--skip-tags", "host_prep_trust"),
+    ]
+    try:
+        run = playbook(*extra, path=str(wrapper))
+        assert run.rc == 0, "\n".join(run.failures()) or run.raw[-4000:]
+        text = run.messages()
+        for words in (
+            "link up at 200000Mb/s",
+            "RoCE devices up: roce_",
+            "RDMA write 111.74 Gb/s, at least host_prep_rdma_min_gbps (90)",
+            "over NET/IB (rocep1s0f1:1, roceP2p1s0f1:1): pass",
+        ):
+            assert words in text, words
+        applied = [h for n, h, r in run.results() if n == "Apply the netplan configuration"]
+        assert sorted(applied) == ["spark-1", "spark-2"]
+        env = hosts["spark-1"].file(f"{STANDIN_DIR}/comm.env").content_string
+        assert "NCCL_IB_HCA=roce_" in env and "NCCL_IB_DISABLE=0" in env
+
+        # A change that cuts the peers off is rolled back to the previous file.
+        for host in hosts.values():
+            host.check_output(f"sudo touch {STANDIN_DIR}/ping-fails")
+        cut_off = ("-e", "host_prep_mtu=8000", "-e", "host_prep_peer_wait_s=3")
+        bad = playbook(*extra, *cut_off, "--tags", "host_prep_network", path=str(wrapper))
+        assert bad.rc != 0
+        assert any(
+            "did not reach the peers" in f and "the previous configuration is back in place" in f
+            for f in bad.failures()
+        ), bad.failures()
+        for name, host in hosts.items():
+            kept = yaml.safe_load(host.check_output(f"sudo cat {STANDIN_NETPLAN}"))
+            assert [e["mtu"] for e in kept["network"]["ethernets"].values()] == [9000], name
+            left = host.check_output(f"sudo sh -c 'ls {STANDIN_NETPLAN}*'").split()
+            assert left == [STANDIN_NETPLAN], f"{name}: a backup was left: {left}"
+    finally:
+        for host in hosts.values():
+            host.run(f"sudo rm -rf {STANDIN_DIR} {STANDIN_NETPLAN}*")

@@ -1,0 +1,76 @@
+"""Tests for plugins/filter/host_prep.py: the thin layer between the role and module_utils."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from ansible.errors import AnsibleFilterError
+from ansible_collections.dgx_spark.cluster.plugins.filter import host_prep as hp
+
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "host_prep"
+
+
+def test_all_filters_are_exported():
+    assert set(hp.FilterModule().filters()) == {
+        "host_prep_links",
+        "host_prep_nodes",
+        "host_prep_roce",
+        "host_prep_comm_env",
+        "host_prep_check",
+    }
+
+
+def _hostvars():
+    def node(ip, fast):
+        return {
+            "spark_fast_ip": fast,
+            "_host_prep_links": [
+                {"index": 0, "netdev": "eth0", "roce": "", "address": f"{fast}/24", "ip": fast,
+                 "prefix": 24, "network": "172.30.241.0/24"}
+            ],
+        }  # fmt: skip
+
+    return {"spark-1": node("a", "172.30.241.11"), "spark-2": node("b", "172.30.241.12")}
+
+
+def test_nodes_gives_errors_hosts_names_and_peers():
+    got = hp.host_prep_nodes(["spark-1", "spark-2"], _hostvars(), "spark-2")
+    assert got["errors"] == []
+    assert [(e["ip"], e["names"]) for e in got["host_entries"]] == [
+        ("172.30.241.11", ["spark-1-fast", "spark-1-fast-1"]),
+        ("172.30.241.12", ["spark-2-fast", "spark-2-fast-1"]),
+    ]
+    assert got["names_by_node"]["spark-1"] == [
+        "spark-1",
+        "spark-1-fast",
+        "spark-1-fast-1",
+        "172.30.241.11",
+    ]
+    assert [(p["peer"], p["netdev"], p["ip"]) for p in got["peers"]] == [
+        ("spark-1", "eth0", "172.30.241.11")
+    ]
+
+
+def test_check_dispatches_and_turns_unreadable_output_into_a_failure():
+    ok = hp.host_prep_check((FIXTURES / "ethtool_200g_up.txt").read_text(), "link", 200000)
+    assert ok["passed"]
+    bad = hp.host_prep_check("bash: ethtool: command not found", "link", 200000)
+    assert bad == {
+        "check": "link",
+        "passed": False,
+        "message": "cannot read the link output: not ethtool output: no 'Speed:' and no "
+        "'Link detected:' line",
+    }
+    with pytest.raises(AnsibleFilterError, match="unknown check 'speed'"):
+        hp.host_prep_check("", "speed")
+
+
+def test_roce_with_unreadable_ibdev2netdev():
+    got = hp.host_prep_roce([], "ibdev2netdev: command not found", "spark-1")
+    assert got["errors"] == ["spark-1: not an ibdev2netdev line: 'ibdev2netdev: command not found'"]
+
+
+def test_comm_env_error_is_a_filter_error():
+    with pytest.raises(AnsibleFilterError, match="is not on any of the links"):
+        hp.host_prep_comm_env([], "172.30.241.11")
