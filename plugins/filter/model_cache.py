@@ -1,0 +1,55 @@
+# Copyright: contributors to the dgx_spark.cluster collection
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""Filters the model_cache role uses; thin wrappers over plugins/module_utils/model_manifest
+(documented in the sidecar YAML files next to this one)."""
+
+from __future__ import annotations
+
+from ansible.errors import AnsibleFilterError
+from ansible_collections.dgx_spark.cluster.plugins.module_utils import model_manifest as mm
+
+
+def model_cache_hf_manifest(info, patterns=None):
+    """The Hub's model info as {commit, gated, private, files, total_bytes}."""
+    try:
+        return mm.hf_manifest_from_api(dict(info), tuple(patterns or mm.DEFAULT_PATTERNS))
+    except (mm.ManifestError, TypeError, ValueError) as exc:
+        raise AnsibleFilterError(f"model_cache_hf_manifest: {exc}") from exc
+
+
+def model_cache_capacity(model_bytes, memory_mb, fraction):
+    """Errors (list of str) when the model exceeds the allowed share of the nodes' memory."""
+    memory = {str(node): int(mb) * 1024 * 1024 for node, mb in dict(memory_mb).items()}
+    return mm.check_capacity(int(model_bytes), memory, float(fraction))
+
+
+def model_cache_disk(missing_bytes, node, path, free_bytes):
+    """Errors (list of str) when a node's disk cannot take what it still lacks."""
+    return mm.check_disk(str(node), str(path), int(free_bytes), int(missing_bytes))
+
+
+def model_cache_rsync(stdout):
+    """rsync --itemize-changes --stats output as {changed, changes, literal_bytes, ...}."""
+    try:
+        return mm.parse_rsync(str(stdout))
+    except mm.ManifestError as exc:
+        raise AnsibleFilterError(f"model_cache_rsync: {exc}") from exc
+
+
+def model_cache_repo_dir(repo_id):
+    """The Hugging Face cache directory name of a repository (models--Org--Name)."""
+    try:
+        return mm.hf_repo_dirname(str(repo_id))
+    except mm.ManifestError as exc:
+        raise AnsibleFilterError(f"model_cache_repo_id: {exc}") from exc
+
+
+class FilterModule:
+    def filters(self):
+        return {
+            "model_cache_hf_manifest": model_cache_hf_manifest,
+            "model_cache_capacity": model_cache_capacity,
+            "model_cache_disk": model_cache_disk,
+            "model_cache_rsync": model_cache_rsync,
+            "model_cache_repo_dir": model_cache_repo_dir,
+        }

@@ -1,0 +1,363 @@
+"""model_cache on the simulated pair: playbooks/model.yml copies the tiny model once to the
+head, pushes it to the worker over the fast link, verifies both, and does nothing the second
+time. Each test uses a model_cache_dir of its own, removed before and after."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+INVENTORY = ROOT / "inventories" / "sim"
+ANSIBLE_BIN = Path(sys.executable).parent
+BASE = "/var/lib/dgx-spark/test-model-cache"
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+SYNC_TASK = "Push the model from the head to the worker over the fast link"
+FACTS_TASK = "Tell the serving roles where the model is and to stay offline"
+
+
+def run_playbook(*extra: str, playbook: str = "playbooks/model.yml") -> dict:
+    """ansible-playbook <playbook> -i inventories/sim, as the JSON callback reports it."""
+    env = {
+        **os.environ,
+        "ANSIBLE_CONFIG": "ansible.cfg",
+        "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1",
+        "ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.json",
+    }
+    cmd = [
+        str(ANSIBLE_BIN / "ansible-playbook"),
+        playbook,
+        "-i",
+        str(INVENTORY),
+        *extra,
+    ]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, text=True, capture_output=True, check=False)
+    try:
+        report = json.loads(proc.stdout)
+    except json.JSONDecodeError:
+        pytest.fail(
+            f"ansible-playbook printed no JSON (rc {proc.returncode}):\n"
+            f"{proc.stdout}\n{proc.stderr}"
+        )
+    report["rc"] = proc.returncode
+    return report
+
+
+def results(report: dict, task_name: str) -> dict[str, dict]:
+    return {
+        host: res
+        for play in report["plays"]
+        for task in play["tasks"]
+        if task["task"]["name"].split(" : ", 1)[-1] == task_name
+        for host, res in task["hosts"].items()
+    }
+
+
+def failures(report: dict) -> list[str]:
+    return [
+        f"{host}: {task['task']['name']}: {res.get('msg')}"
+        for play in report["plays"]
+        for task in play["tasks"]
+        for host, res in task["hosts"].items()
+        if res.get("failed") or res.get("unreachable")
+    ]
+
+
+def changed(report: dict) -> dict[str, int]:
+    return {host: stats["changed"] for host, stats in report["stats"].items()}
+
+
+def sync_stats(report: dict, worker: str) -> dict:
+    """Numbers from the --stats block rsync printed for one worker."""
+    out = results(report, SYNC_TASK)[worker]["stdout"]
+    stats = {}
+    for line in out.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and value.strip().split(" ")[0].replace(",", "").isdigit():
+            stats[key.strip()] = int(value.strip().split(" ")[0].replace(",", ""))
+    return stats
+
+
+def sha256_tree(top: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(top)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(top.rglob("*"))
+        if p.is_file() and not p.name.startswith(".")
+    }
+
+
+def node_files(host, directory: str) -> dict[str, tuple[str, str]]:
+    """{name: (sha256, symlink target or "")} of a node directory's files, in one SSH call."""
+    out = host.check_output(
+        f"cd {directory} && for f in *; do "
+        'printf "%s\\t%s\\t%s\\n" "$f" "$(sha256sum < "$f" | cut -d" " -f1)" "$(readlink "$f")"; '
+        "done"
+    )
+    return {
+        name: (digest, target)
+        for name, digest, target in ((line.split("\t") + [""])[:3] for line in out.splitlines())
+    }
+
+
+def clean(hosts, path: str) -> None:
+    for host in hosts.values():
+        host.run(f"sudo rm -rf {path}")
+
+
+@pytest.fixture(scope="module")
+def tiny(sim) -> Path:
+    return Path(sim.TINY_MODEL)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _clean_base(hosts):
+    clean(hosts, BASE)
+    yield
+    clean(hosts, BASE)
+
+
+@pytest.fixture(scope="module")
+def first_run(hosts):
+    report = run_playbook("-e", f"model_cache_dir={BASE}/plain")
+    assert report["rc"] == 0, failures(report)
+    return report
+
+
+def test_first_run_puts_the_same_files_on_every_node(first_run, hosts, nodes, tiny):
+    want = sha256_tree(tiny)
+    assert want, f"{tiny} holds no model files"
+    for name, host in hosts.items():
+        got = node_files(host, f"{BASE}/plain/tiny-qwen3-moe")
+        assert got == {rel: (digest, "") for rel, digest in want.items()}, name
+    facts = results(first_run, FACTS_TASK)
+    for node in nodes:
+        assert (
+            facts[node.name]["ansible_facts"]["model_cache_model_path"]
+            == f"{BASE}/plain/tiny-qwen3-moe"
+        )
+        assert facts[node.name]["ansible_facts"]["model_cache_env"]["HF_HUB_OFFLINE"] == "1"
+
+
+def test_first_run_pushes_over_the_fast_link(first_run, nodes):
+    head, workers = nodes[0], nodes[1:]
+    synced = results(first_run, SYNC_TASK)
+    assert sorted(synced) == sorted(w.name for w in workers)
+    for worker in workers:
+        assert synced[worker.name]["changed"] is True
+        assert any(
+            str(arg).startswith(f"spark@{worker.fast_ip}:") for arg in synced[worker.name]["cmd"]
+        )
+        assert synced[worker.name]["cmd"][0] == "rsync"
+        assert sync_stats(first_run, worker.name)["Literal data"] > 0
+    assert head.name not in synced
+
+
+def test_rerun_changes_nothing_and_moves_zero_bytes(first_run, nodes):
+    again = run_playbook("-e", f"model_cache_dir={BASE}/plain")
+    assert again["rc"] == 0, failures(again)
+    assert changed(again) == {n.name: 0 for n in nodes}
+    for worker in nodes[1:]:
+        stats = sync_stats(again, worker.name)
+        assert stats["Literal data"] == 0, stats
+        assert stats["Total transferred file size"] == 0, stats
+        assert stats["Number of regular files transferred"] == 0, stats
+
+
+def test_model_bigger_than_memory_fails_before_any_change(hosts, nodes):
+    target = f"{BASE}/too-big"
+    report = run_playbook(
+        "-e", f"model_cache_dir={target}", "-e", "model_cache_max_fraction_of_memory=0.0000001"
+    )
+    assert report["rc"] != 0
+    (message,) = failures(report)
+    assert "model_cache_max_fraction_of_memory" in message
+    assert changed(report) == {n.name: 0 for n in nodes}
+    for name, host in hosts.items():
+        assert not host.file(target).exists, f"{name}: {target} was made before the check failed"
+
+
+@pytest.fixture(scope="module")
+def hf_source(tmp_path_factory, tiny) -> Path:
+    """A Hugging Face cache repository of the tiny model: blobs plus relative snapshot links."""
+    repo = tmp_path_factory.mktemp("hub") / "models--sim--tiny-qwen3-moe"
+    snapshot = repo / "snapshots" / COMMIT
+    (repo / "blobs").mkdir(parents=True)
+    snapshot.mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(COMMIT)
+    for rel, digest in sha256_tree(tiny).items():
+        shutil.copyfile(tiny / rel, repo / "blobs" / digest)
+        (snapshot / rel).symlink_to(f"../../blobs/{digest}")
+    return repo
+
+
+def test_hf_cache_layout_survives_the_sync(hf_source, hosts, nodes, tiny):
+    target = f"{BASE}/hf"
+    report = run_playbook(
+        "-e", f"model_cache_dir={target}", "-e", f"model_cache_local_dir={hf_source}"
+    )
+    assert report["rc"] == 0, failures(report)
+    snapshot = f"{target}/{hf_source.name}/snapshots/{COMMIT}"
+    for node in nodes:
+        assert (
+            results(report, FACTS_TASK)[node.name]["ansible_facts"]["model_cache_model_path"]
+            == snapshot
+        )
+    # Each entry stays the same relative link and resolves to its blob on every node.
+    want = {rel: (digest, f"../../blobs/{digest}") for rel, digest in sha256_tree(tiny).items()}
+    for name, host in hosts.items():
+        assert node_files(host, snapshot) == want, name
+
+
+def test_worker_copy_without_blobs_fails_verification(hf_source, hosts, nodes, ansible):
+    """The known pitfall, made on purpose on the worker: the module names the dangling links."""
+    worker = nodes[1].name
+    repo = f"{BASE}/hf/{hf_source.name}"
+    broken = f"{BASE}/broken/{hf_source.name}"
+    hosts[worker].check_output(
+        f"sudo mkdir -p {broken} && sudo cp -a {repo}/snapshots {repo}/refs {broken}/"
+    )
+    head = ansible(
+        nodes[0].name, "dgx_spark.cluster.model_manifest", json.dumps({"path": repo}), "--become"
+    )
+    expected = head[nodes[0].name]["manifest"]
+    res = ansible(
+        worker,
+        "dgx_spark.cluster.model_manifest",
+        json.dumps({"path": broken, "expected": expected}),
+    )
+    assert res[worker].get("failed"), res[worker]
+    assert "dangling symlinks, blobs not copied" in res[worker]["msg"]
+    assert sorted(res[worker]["problems"]["dangling"]) == sorted(expected)
+
+
+def test_snapshot_without_its_blobs_is_refused_as_a_source(hf_source, hosts, nodes):
+    target = f"{BASE}/snapshot-only"
+    snapshot = hf_source / "snapshots" / COMMIT
+    report = run_playbook(
+        "-e", f"model_cache_dir={target}", "-e", f"model_cache_local_dir={snapshot}"
+    )
+    assert report["rc"] != 0
+    (message,) = failures(report)
+    assert "model_cache_local_dir" in message and "models--Org--Name" in message
+    assert changed(report) == {n.name: 0 for n in nodes}
+    for host in hosts.values():
+        assert not host.file(target).exists
+
+
+# --------------------------------------------------------------------------- Hub download
+# The real Hub is out of reach, so a stand-in (fake_hub.py) runs on the head; the download
+# container (the donor image, which ships huggingface_hub) reaches it on the host network.
+
+HUB_PORT = 18765
+HUB_REPO = "sim/tiny"
+HUB_TOKEN = "hf_simTokenNeverLogged"
+HUB_DIR = "/tmp/dgx-test-fake-hub"
+
+
+@pytest.fixture(scope="module")
+def fake_hub(hosts, nodes, tiny, ansible, tmp_path_factory):
+    head = nodes[0].name
+    host = hosts[head]
+    bundle = tmp_path_factory.mktemp("fake-hub")
+    shutil.copy(Path(__file__).with_name("fake_hub.py"), bundle)
+    shutil.copytree(tiny, bundle / "files")
+    host.run(f"rm -rf {HUB_DIR}")
+    copied = ansible(head, "ansible.builtin.copy", f"src={bundle}/ dest={HUB_DIR}/")
+    assert not copied[head].get("failed"), copied[head].get("msg")
+    pid = host.check_output(
+        f"cd {HUB_DIR} && (nohup python3 fake_hub.py files {HUB_PORT} {HUB_REPO} {COMMIT} "
+        f"{HUB_TOKEN} > hub.log 2>&1 & echo $!)"
+    )
+    host.check_output(
+        f"for i in $(seq 50); do curl -s -o /dev/null http://127.0.0.1:{HUB_PORT}/ && exit 0; "
+        "sleep 0.2; done; exit 1"
+    )
+    yield host
+    host.run(f"kill {pid}; rm -rf {HUB_DIR}")
+
+
+def hub_run(target: str, *extra: str) -> dict:
+    return run_playbook(
+        "-e", "model_cache_source=huggingface",
+        "-e", f"model_cache_repo_id={HUB_REPO}",
+        "-e", f"model_cache_hf_endpoint=http://127.0.0.1:{HUB_PORT}",
+        "-e", "model_cache_download_image=vllm-donor:0.32.0-cpu",
+        "-e", f"model_cache_dir={target}",
+        *extra,
+    )  # fmt: skip
+
+
+def test_gated_repo_without_token_is_refused_before_any_change(fake_hub, hosts, nodes):
+    target = f"{BASE}/hub-no-token"
+    report = hub_run(target)
+    assert report["rc"] != 0
+    (message,) = failures(report)
+    assert "model_cache_hf_token" in message and "ansible-vault encrypt_string" in message
+    assert changed(report) == {n.name: 0 for n in nodes}
+    for host in hosts.values():
+        assert not host.file(target).exists
+
+
+def test_hub_download_lands_once_and_keeps_the_token_out_of_sight(fake_hub, hosts, nodes, tiny):
+    target = f"{BASE}/hub"
+    token = ("-e", f"model_cache_hf_token={HUB_TOKEN}")
+    report = hub_run(target, *token)
+    assert report["rc"] == 0, failures(report)
+    # The JSON callback prints every result with its module arguments.
+    assert HUB_TOKEN not in json.dumps(report)
+    downloads = [line for line in fake_hub.check_output(f"cat {HUB_DIR}/hub.log").splitlines()
+                 if "/resolve/" in line]  # fmt: skip
+    assert downloads and all(line.startswith("authorized=True") for line in downloads)
+    repo = f"{target}/hub/models--sim--tiny"
+    assert fake_hub.check_output(f"cat {repo}/refs/main") == COMMIT
+    assert not fake_hub.run(
+        "sudo docker ps -aq --filter name=dgx-spark-model-download"
+    ).stdout.strip()
+    assert not fake_hub.file("/run/dgx-spark-model-cache/hf_token").exists
+    want = {rel: (digest, f"../../blobs/{digest}") for rel, digest in sha256_tree(tiny).items()}
+    for name, host in hosts.items():
+        assert node_files(host, f"{repo}/snapshots/{COMMIT}") == want, name
+    facts = results(report, FACTS_TASK)[nodes[-1].name]["ansible_facts"]
+    assert facts["model_cache_model_path"] == f"{repo}/snapshots/{COMMIT}"
+    assert facts["model_cache_env"] == {
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "HF_HUB_CACHE": f"{target}/hub",
+    }
+
+    again = hub_run(target, *token)
+    assert again["rc"] == 0, failures(again)
+    assert changed(again) == {n.name: 0 for n in nodes}
+    assert not results(again, "Start the download container"), (
+        "a complete copy was downloaded again"
+    )
+
+
+def test_facts_entry_point_finds_the_model_read_only(first_run, nodes, tmp_path):
+    """What a serving play runs alone (tasks_from: facts) to learn where the model is."""
+    playbook = tmp_path / "facts.yml"
+    playbook.write_text(
+        "- name: Learn where the model is\n"
+        "  hosts: sparks\n"
+        "  gather_facts: false\n"
+        "  tasks:\n"
+        "    - name: Read the model facts\n"
+        "      ansible.builtin.include_role:\n"
+        "        name: dgx_spark.cluster.model_cache\n"
+        "        tasks_from: facts\n"
+    )
+    report = run_playbook("-e", f"model_cache_dir={BASE}/plain", playbook=str(playbook))
+    assert report["rc"] == 0, failures(report)
+    assert changed(report) == {n.name: 0 for n in nodes}
+    for node in nodes:
+        facts = results(report, FACTS_TASK)[node.name]["ansible_facts"]
+        assert facts["model_cache_model_path"] == f"{BASE}/plain/tiny-qwen3-moe"
+        assert facts["model_cache_volume"] == f"{BASE}/plain:{BASE}/plain:ro"

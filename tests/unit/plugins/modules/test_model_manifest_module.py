@@ -1,0 +1,106 @@
+"""Tests for plugins/modules/model_manifest.py, run as Ansible runs it, on tmp_path trees."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import pytest
+from ansible.module_utils.testing import patch_module_args
+from ansible_collections.dgx_spark.cluster.plugins.modules import model_manifest as mod
+
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+FILES = {"config.json": b'{"a": 1}', "model.safetensors": b"\x00" * 100}
+
+
+def hf_repo(root: Path) -> Path:
+    (root / "blobs").mkdir(parents=True)
+    snap = root / "snapshots" / COMMIT
+    snap.mkdir(parents=True)
+    for name, data in FILES.items():
+        blob = root / "blobs" / hashlib.sha256(data).hexdigest()
+        blob.write_bytes(data)
+        (snap / name).symlink_to(os.path.relpath(blob, snap))
+    (root / "refs").mkdir()
+    (root / "refs" / "main").write_text(COMMIT)
+    return root
+
+
+def run(args: dict, capsys, check_mode: bool = False) -> tuple[int, dict]:
+    if check_mode:
+        args = {**args, "_ansible_check_mode": True}
+    with patch_module_args(args), pytest.raises(SystemExit) as exit_:
+        mod.main()
+    return exit_.value.code, json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("check_mode", [False, True])
+def test_describes_an_hf_cache_repo(tmp_path, capsys, check_mode):
+    root = hf_repo(tmp_path / "models--org--tiny")
+    code, out = run({"path": str(root)}, capsys, check_mode)
+    assert code == 0
+    assert out["changed"] is False
+    assert out["exists"] is True
+    assert out["layout"] == "hf_cache"
+    assert out["model_dir"] == str(root / "snapshots" / COMMIT)
+    assert out["manifest"] == {
+        name: {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+        for name, data in FILES.items()
+    }
+    assert out["total_bytes"] == 108
+    assert out["ok"] is True
+    assert out["free_bytes"] > 0
+
+
+def test_verifies_against_an_expected_manifest(tmp_path, capsys):
+    root = hf_repo(tmp_path / "head")
+    _, head = run({"path": str(root)}, capsys)
+    code, out = run({"path": str(root), "expected": head["manifest"]}, capsys)
+    assert code == 0 and out["ok"] is True and out["missing_bytes"] == 0
+
+
+def test_copy_without_blobs_fails_naming_the_dangling_links(tmp_path, capsys):
+    root = hf_repo(tmp_path / "head")
+    _, head = run({"path": str(root)}, capsys)
+    for blob in (root / "blobs").iterdir():
+        blob.unlink()
+    code, out = run({"path": str(root), "expected": head["manifest"]}, capsys)
+    assert code == 1
+    assert out["failed"] is True
+    assert "dangling symlinks, blobs not copied (2): config.json, model.safetensors" in out["msg"]
+    assert out["problems"]["dangling"] == ["config.json", "model.safetensors"]
+
+
+def test_report_only_gives_the_missing_bytes(tmp_path, capsys):
+    expected = {"config.json": {"size": 8}, "model.safetensors": {"size": 100}}
+    code, out = run(
+        {
+            "path": str(tmp_path / "not-yet"),
+            "expected": expected,
+            "fail_on_mismatch": False,
+            "checksum": False,
+        },
+        capsys,
+    )
+    assert code == 0
+    assert out["exists"] is False and out["layout"] == "absent" and out["model_dir"] is None
+    assert out["missing_bytes"] == 108
+
+
+def test_absent_model_fails_when_verifying(tmp_path, capsys):
+    code, out = run(
+        {"path": str(tmp_path / "nope"), "expected": {"config.json": {"size": 1}}}, capsys
+    )
+    assert code == 1
+    assert out["msg"].endswith("no model here")
+
+
+def test_ambiguous_snapshot_fails_with_advice(tmp_path, capsys):
+    root = hf_repo(tmp_path / "head")
+    (root / "refs" / "main").unlink()
+    (root / "snapshots" / ("f" * 40)).mkdir()
+    code, out = run({"path": str(root)}, capsys)
+    assert code == 1
+    assert "name the snapshot's commit as the revision" in out["msg"]
