@@ -436,7 +436,8 @@ def node_args(node: Node, image: str, pubkey: Path) -> list[str]:
     ]  # fmt: skip
 
 
-def ensure_node(node: Node, image: str, pubkey: Path) -> None:
+def ensure_node(node: Node, image: str, pubkey: Path) -> bool:
+    """Start the node; True when its container was (re)created, i.e. a fresh host."""
     args = node_args(node, image, pubkey)
     inputs = digest(*args, image_id(image) or image, node.fast_ip)
     state = container_state(node.container)
@@ -452,7 +453,7 @@ def ensure_node(node: Node, image: str, pubkey: Path) -> None:
                 log(f"{node.name}: started")
             else:
                 log(f"{node.name}: running")
-            return
+            return False
         log(f"{node.name}: node image or settings changed, recreating (its Docker volume is kept)")
         docker("rm", "-f", node.container)
     docker("volume", "create", "--label", f"{LABEL}=volume", node.volume)
@@ -460,6 +461,16 @@ def ensure_node(node: Node, image: str, pubkey: Path) -> None:
     docker("network", "connect", "--ip", node.fast_ip, FAST_NETWORK, node.container)
     docker("start", node.container)
     log(f"{node.name}: created ({node.mgmt_ip} management, {node.fast_ip} fast link)")
+    return True
+
+
+def clear_inner_containers(node: Node) -> None:
+    """A recreated node is a fresh host: containers that an earlier node left in the kept
+    Docker volume would restart against configuration that no longer exists."""
+    ids = docker("exec", node.container, "docker", "ps", "-aq").stdout.split()
+    if ids:
+        docker("exec", node.container, "docker", "rm", "-f", *ids)
+        log(f"{node.name}: removed {len(ids)} container(s) left by an earlier node")
 
 
 def wait_ready(node: Node, timeout: float = 90) -> None:
@@ -571,11 +582,12 @@ def up() -> None:
     build_image(node_image, SIM / "node", {}, {"ROOTFS": rootfs})
     probe_capabilities(node_image)
     ensure_networks()
-    for node in nodes:
-        ensure_node(node, node_image, key.with_suffix(".pub"))
+    fresh = [node for node in nodes if ensure_node(node, node_image, key.with_suffix(".pub"))]
     build_fixtures()
     for node in nodes:
         wait_ready(node)
+    for node in fresh:
+        clear_inner_containers(node)
     write_known_hosts(nodes)
     for image in (CLUSTER_IMAGE, DONOR_IMAGE):
         load_into_nodes(image, nodes)
