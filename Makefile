@@ -7,11 +7,12 @@ BIN     := $(VENV)/bin
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 
-.PHONY: help venv lint unit sim-up sim-down sim-clean sim-test test demo build
+.PHONY: help venv lint unit sim-up sim-down sim-clean sim-test molecule test demo teardown build
 
 help:
 	@echo "make demo      bring the simulated pair up and run deploy.yml on it"
-	@echo "make test      lint, unit tests, simulated pair tests"
+	@echo "make test      lint, unit tests, tests and molecule scenarios on the simulated pair"
+	@echo "make teardown  remove what demo started on the simulated pair"
 	@echo "make sim-up    start (or refresh) the simulated pair"
 	@echo "make sim-down  remove the pair's containers, networks and volumes"
 	@echo "make sim-clean sim-down plus the sim's images and keys"
@@ -47,7 +48,15 @@ sim-test: sim-up
 build: venv
 	$(BIN)/ansible-galaxy collection build --force --output-path .cache/dist .
 
-test: lint unit sim-test
+# Scenarios named for what they prove; each runs against the simulated pair.
+molecule: sim-up
+	$(BIN)/molecule test -s images
+	$(BIN)/molecule test -s default
+
+test: lint unit sim-test molecule
 
 demo: sim-up
 	$(BIN)/ansible-playbook -i inventories/sim deploy.yml
+
+teardown: venv
+	$(BIN)/ansible-playbook -i inventories/sim playbooks/teardown.yml

@@ -1,0 +1,66 @@
+# Copyright: contributors to the dgx_spark.cluster collection
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""Filters the hybrid_image role uses; thin wrappers over plugins/module_utils/hybrid_image.py."""
+
+from __future__ import annotations
+
+from ansible.errors import AnsibleFilterError
+from ansible_collections.dgx_spark.cluster.plugins.module_utils import hybrid_image
+
+
+def _wrap(func, *args, **kwargs):
+    try:
+        return func(*args, **kwargs)
+    except hybrid_image.HybridImageError as exc:
+        raise AnsibleFilterError(str(exc)) from exc
+
+
+def hybrid_image_digest(inputs):
+    """The 12-hex tag of a build from all of its inputs (any plain data)."""
+    return _wrap(hybrid_image.input_digest, inputs)
+
+
+def hybrid_image_env(donor_env, base_env, overrides=None, skip=None):
+    """The overlay's environment: {env, set, carried, kept_donor, skipped, path_added}."""
+    skip = hybrid_image.DEFAULT_ENV_SKIP if skip is None else list(skip)
+    return _wrap(hybrid_image.merge_env, donor_env, base_env, dict(overrides or {}), skip)
+
+
+def hybrid_image_env_instructions(env):
+    """Dockerfile ENV lines that set ``env`` literally."""
+    return _wrap(hybrid_image.env_instructions, dict(env or {}))
+
+
+def hybrid_image_cluster_files(entrypoint, extra=None, base_venv=""):
+    """The base's entrypoint scripts and ``extra`` files the overlay copies."""
+    return _wrap(hybrid_image.cluster_files, entrypoint, list(extra or []), str(base_venv or ""))
+
+
+def hybrid_image_wheel_target(python_version, machine, glibc, requirements):
+    """pip download's target for an image's Python: {python_version, abi, platforms, key...}."""
+    return _wrap(
+        hybrid_image.wheel_target, str(python_version), str(machine), str(glibc), list(requirements)
+    )
+
+
+def hybrid_image_transplant_plan(requested, donor_archs, base_archs):
+    """The donor's files and registry entries a transplant copies: {files, entries, ...}."""
+    return _wrap(hybrid_image.transplant_plan, list(requested), dict(donor_archs), dict(base_archs))
+
+
+def hybrid_image_patch_registry(text, entries):
+    """The base's registry.py text with the transplanted entries added."""
+    return _wrap(hybrid_image.patch_registry, str(text), dict(entries or {}))
+
+
+class FilterModule:
+    def filters(self):
+        return {
+            "hybrid_image_digest": hybrid_image_digest,
+            "hybrid_image_env": hybrid_image_env,
+            "hybrid_image_env_instructions": hybrid_image_env_instructions,
+            "hybrid_image_cluster_files": hybrid_image_cluster_files,
+            "hybrid_image_wheel_target": hybrid_image_wheel_target,
+            "hybrid_image_transplant_plan": hybrid_image_transplant_plan,
+            "hybrid_image_patch_registry": hybrid_image_patch_registry,
+        }
