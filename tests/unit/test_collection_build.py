@@ -30,7 +30,17 @@ def test_build_install_and_run_by_fqcn(tmp_path):
 
     dest = tmp_path / "installed"
     # --no-deps: community.docker and ansible.posix come with the ansible package here.
-    run(galaxy, "collection", "install", "--no-deps", "-p", str(dest), str(tarball), cwd=tmp_path)
+    run(
+        galaxy,
+        "collection",
+        "install",
+        "--force",
+        "--no-deps",
+        "-p",
+        str(dest),
+        str(tarball),
+        cwd=tmp_path,
+    )
     assert (dest / "ansible_collections" / "dgx_spark" / "cluster" / "deploy.yml").exists()
 
     config = tmp_path / "ansible.cfg"
