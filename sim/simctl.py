@@ -423,7 +423,7 @@ def container_state(name: str) -> dict | None:
     return json.loads(proc.stdout)[0] if proc.returncode == 0 else None
 
 
-def node_args(node: Node, image: str, pubkey: Path) -> list[str]:
+def node_args(node: Node, image: str) -> list[str]:
     """How a node container is made; a change here recreates the node on the next up."""
     return [
         "--name", node.container, "--hostname", node.name,
@@ -431,14 +431,12 @@ def node_args(node: Node, image: str, pubkey: Path) -> list[str]:
         # vLLM's shared-memory queues and --ipc host in inner containers need room.
         "--shm-size", "4g",
         "-v", f"{node.volume}:/var/lib/docker",
-        "-v", f"{pubkey}:/etc/ssh/authorized_keys/spark:ro",
         "--network", MGMT_NETWORK, "--ip", node.mgmt_ip, image,
     ]  # fmt: skip
 
 
-def ensure_node(node: Node, image: str, pubkey: Path) -> bool:
-    """Start the node; True when its container was (re)created, i.e. a fresh host."""
-    args = node_args(node, image, pubkey)
+def ensure_node(node: Node, image: str) -> None:
+    args = node_args(node, image)
     inputs = digest(*args, image_id(image) or image, node.fast_ip)
     state = container_state(node.container)
     if state is not None:
@@ -453,24 +451,28 @@ def ensure_node(node: Node, image: str, pubkey: Path) -> bool:
                 log(f"{node.name}: started")
             else:
                 log(f"{node.name}: running")
-            return False
-        log(f"{node.name}: node image or settings changed, recreating (its Docker volume is kept)")
+            return
+        # A fresh host has a fresh Docker: containers kept in the old volume would restart
+        # against configuration the new node lacks (and leave bind-mount directories behind).
+        log(f"{node.name}: node image or settings changed, recreating it with an empty Docker")
         docker("rm", "-f", node.container)
+        docker("volume", "rm", node.volume)
     docker("volume", "create", "--label", f"{LABEL}=volume", node.volume)
     docker("create", "--label", f"{LABEL}=node", "--label", f"{INPUTS_LABEL}={inputs}", *args)
     docker("network", "connect", "--ip", node.fast_ip, FAST_NETWORK, node.container)
     docker("start", node.container)
     log(f"{node.name}: created ({node.mgmt_ip} management, {node.fast_ip} fast link)")
-    return True
 
 
-def clear_inner_containers(node: Node) -> None:
-    """A recreated node is a fresh host: containers that an earlier node left in the kept
-    Docker volume would restart against configuration that no longer exists."""
-    ids = docker("exec", node.container, "docker", "ps", "-aq").stdout.split()
-    if ids:
-        docker("exec", node.container, "docker", "rm", "-f", *ids)
-        log(f"{node.name}: removed {len(ids)} container(s) left by an earlier node")
+def authorize(node: Node, pubkey: Path) -> None:
+    """The owner's key of this checkout, written in place so a new checkout (another key)
+    reuses the running pair instead of recreating it."""
+    docker(
+        "exec", "-i", node.container, "sh", "-c",
+        "umask 022 && cat > /etc/ssh/authorized_keys/spark.new"
+        " && mv /etc/ssh/authorized_keys/spark.new /etc/ssh/authorized_keys/spark",
+        input=pubkey.read_text(),
+    )  # fmt: skip
 
 
 def wait_ready(node: Node, timeout: float = 90) -> None:
@@ -582,12 +584,12 @@ def up() -> None:
     build_image(node_image, SIM / "node", {}, {"ROOTFS": rootfs})
     probe_capabilities(node_image)
     ensure_networks()
-    fresh = [node for node in nodes if ensure_node(node, node_image, key.with_suffix(".pub"))]
+    for node in nodes:
+        ensure_node(node, node_image)
     build_fixtures()
     for node in nodes:
         wait_ready(node)
-    for node in fresh:
-        clear_inner_containers(node)
+        authorize(node, key.with_suffix(".pub"))
     write_known_hosts(nodes)
     for image in (CLUSTER_IMAGE, DONOR_IMAGE):
         load_into_nodes(image, nodes)

@@ -116,16 +116,16 @@ def test_donor_serves_the_tiny_model(ansible, hosts, nodes, sim):
         node.name, "ansible.builtin.copy", f"src={sim.TINY_MODEL}/ dest={model_dir}/ mode=preserve"
     )[node.name]
     assert not copied.get("failed"), copied.get("msg")
-    name = "dgxsim-test-donor"
+    name = "dgxsim-test-donor"  # on 8090: a deployed endpoint may hold 8000
     host.run(f"sudo docker rm -f {name}")
     start = host.run(
         f"sudo docker run -d --name {name} --network host --ipc host -v {model_dir}:/model:ro "
         f"{sim.DONOR_IMAGE} /model --load-format dummy --served-model-name tiny "
-        "--port 8000 --max-model-len 512 --dtype bfloat16 --enforce-eager"
+        "--port 8090 --max-model-len 512 --dtype bfloat16 --enforce-eager"
     )
     assert start.rc == 0, start.stderr
     try:
-        base = f"http://{node.mgmt_ip}:8000"
+        base = f"http://{node.mgmt_ip}:8090"
         deadline = time.monotonic() + 300
         while True:
             try:
