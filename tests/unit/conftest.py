@@ -29,6 +29,9 @@ if not (_LINK / "galaxy.yml").is_file():
     )
 if str(COLLECTIONS) not in sys.path:
     sys.path.insert(0, str(COLLECTIONS))
+# Shared test helpers: tests/unit/support.
+if str(Path(__file__).parent) not in sys.path:
+    sys.path.insert(0, str(Path(__file__).parent))
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from pathlib import Path
 
 import pytest
-from ansible.module_utils.testing import patch_module_args
 from ansible_collections.dgx_spark.cluster.plugins.modules import model_manifest as mod
+from support.modules import run_module
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 FILES = {"config.json": b'{"a": 1}', "model.safetensors": b"\x00" * 100}
@@ -29,11 +28,7 @@ def hf_repo(root: Path) -> Path:
 
 
 def run(args: dict, capsys, check_mode: bool = False) -> tuple[int, dict]:
-    if check_mode:
-        args = {**args, "_ansible_check_mode": True}
-    with patch_module_args(args), pytest.raises(SystemExit) as exit_:
-        mod.main()
-    return exit_.value.code, json.loads(capsys.readouterr().out)
+    return run_module(mod, args, capsys, check_mode)
 
 
 @pytest.mark.parametrize("check_mode", [False, True])

@@ -7,7 +7,6 @@ the real exception classes of the docker SDK with the messages the daemon really
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import textwrap
@@ -15,9 +14,9 @@ from pathlib import Path
 
 import pytest
 import requests
-from ansible.module_utils.testing import patch_module_args
 from ansible_collections.dgx_spark.cluster.plugins.modules import vllm_registry_info as mod
 from docker.errors import APIError, DockerException, ImageNotFound
+from support.modules import run_module
 
 NODE = "spark-1"
 IMAGE = "vllm-donor:0.32.0-cpu"
@@ -174,11 +173,7 @@ def client(images, monkeypatch):
 
 
 def run(args: dict, capsys, check_mode: bool = False) -> tuple[int, dict]:
-    if check_mode:
-        args = {**args, "_ansible_check_mode": True}
-    with patch_module_args(args), pytest.raises(SystemExit) as exit_:
-        mod.main()
-    return exit_.value.code, json.loads(capsys.readouterr().out)
+    return run_module(mod, args, capsys, check_mode)
 
 
 # --------------------------------------------------------------------------- results
