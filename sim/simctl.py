@@ -456,7 +456,8 @@ def ensure_node(node: Node, image: str) -> None:
         # against configuration the new node lacks (and leave bind-mount directories behind).
         log(f"{node.name}: node image or settings changed, recreating it with an empty Docker")
         docker("rm", "-f", node.container)
-        docker("volume", "rm", node.volume)
+    # Also when only the container was gone: its volume's Docker belongs to the old node.
+    docker("volume", "rm", "-f", node.volume, check=False)
     docker("volume", "create", "--label", f"{LABEL}=volume", node.volume)
     docker("create", "--label", f"{LABEL}=node", "--label", f"{INPUTS_LABEL}={inputs}", *args)
     docker("network", "connect", "--ip", node.fast_ip, FAST_NETWORK, node.container)
