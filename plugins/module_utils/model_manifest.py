@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
+import json
 import os
 import re
 from concurrent.futures import ThreadPoolExecutor
@@ -41,6 +42,9 @@ DEFAULT_PATTERNS = (
     "*.jinja",
     "*.py",
 )
+
+# Version of the verification record the model_cache role keeps on each node.
+RECORD_FORMAT = 1
 
 PROBLEM_KINDS = ("missing", "dangling", "escaping", "size_mismatch", "checksum_mismatch")
 
@@ -123,20 +127,27 @@ def build_manifest(
     patterns=DEFAULT_PATTERNS,
     checksum: bool = True,
     workers: int = 4,
+    known: dict | None = None,
 ) -> dict:
-    """Describe ``model_dir``: ``{files, dangling, escaping}``.
+    """Describe ``model_dir``: ``{files, dangling, escaping, hashed, reused}``.
 
     ``files`` maps each relative path whose base name matches ``patterns`` to
     ``{"size": int}`` plus ``"sha256"`` when ``checksum``. Symlinks are followed. Every
     symlink (whatever its name) whose target does not exist is listed in ``dangling``;
     one that resolves outside ``root`` (default: ``model_dir``) in ``escaping``, because
     a copy of ``root`` elsewhere would leave it pointing at nothing.
+
+    With ``known`` (a dict, possibly empty: the files of an earlier verified manifest of
+    this directory) every entry also carries ``"mtime_ns"``, and a file whose size and
+    modification time equal its ``known`` entry keeps that entry's SHA-256 instead of being
+    read again (``reused``); the others are read (``hashed``).
     """
     top = os.path.realpath(root or model_dir)
     files: dict[str, dict] = {}
     to_hash: dict[str, str] = {}
     dangling: list[str] = []
     escaping: list[str] = []
+    reused: list[str] = []
     seen_dirs: set[str] = set()
     for current, dirs, names in os.walk(model_dir, followlinks=True):
         real_current = os.path.realpath(current)
@@ -159,15 +170,55 @@ def build_manifest(
                     escaping.append(rel)
             if not matches(rel, patterns) or not os.path.isfile(path):
                 continue
-            files[rel] = {"size": os.stat(path).st_size}
+            stat = os.stat(path)
+            files[rel] = {"size": stat.st_size}
+            if known is not None:
+                files[rel]["mtime_ns"] = stat.st_mtime_ns
             if checksum:
-                to_hash[rel] = path
+                if unchanged(known, rel, files[rel]):
+                    files[rel]["sha256"] = known[rel]["sha256"]
+                    reused.append(rel)
+                else:
+                    to_hash[rel] = path
     if to_hash:
         # hashlib releases the GIL on large blocks, so several files hash at once.
         with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
             for rel, digest in zip(to_hash, pool.map(sha256_file, to_hash.values()), strict=True):
                 files[rel]["sha256"] = digest
-    return {"files": files, "dangling": dangling, "escaping": escaping}
+    return {
+        "files": files,
+        "dangling": dangling,
+        "escaping": escaping,
+        "hashed": sorted(to_hash),
+        "reused": reused,
+    }
+
+
+def unchanged(known: dict | None, rel: str, entry: dict) -> bool:
+    """Whether ``known`` vouches for ``entry``: same size and modification time, a SHA-256."""
+    old = (known or {}).get(rel)
+    return bool(
+        isinstance(old, dict)
+        and old.get("sha256")
+        and old.get("mtime_ns") is not None
+        and int(old.get("size", -1)) == int(entry["size"])
+        and int(old["mtime_ns"]) == int(entry.get("mtime_ns", -1))
+    )
+
+
+def read_record(text: str) -> dict:
+    """The files of a verification record (JSON ``{"format": 1, "files": {...}}``).
+
+    Anything unreadable counts as no record: the files are then read again.
+    """
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return {}
+    if not isinstance(data, dict) or data.get("format") != RECORD_FORMAT:
+        return {}
+    files = data.get("files")
+    return files if isinstance(files, dict) else {}
 
 
 def total_bytes(files: dict) -> int:

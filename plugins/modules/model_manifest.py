@@ -72,6 +72,22 @@ options:
         reports (for example to learn RV(missing_bytes) before a copy).
     type: bool
     default: true
+  record:
+    description:
+      - A verification record on the node (JSON C({"format": 1, "files": <manifest>}), as
+        the model_cache role writes after a verified run). With it every RV(manifest) entry
+        also carries C(mtime_ns), and with O(checksum) a file whose size and modification
+        time equal its entry in the record keeps the record's SHA-256 instead of being read
+        again.
+      - A missing or unreadable record is the same as an empty one: every file is read.
+      - Only read here, never written.
+    type: path
+  trust_record:
+    description:
+      - Reuse the SHA-256 of unchanged files from O(record). Off, every file is read again
+        (the entries still carry C(mtime_ns), so a new record can be written).
+    type: bool
+    default: true
   workers:
     description: Files hashed at once.
     type: int
@@ -156,6 +172,16 @@ missing_bytes:
   returned: always
   type: int
   sample: 0
+hashed:
+  description: Number of files whose SHA-256 was computed by this run.
+  returned: always
+  type: int
+  sample: 4
+reused:
+  description: Number of files whose SHA-256 came from O(record) (size and modification time unchanged).
+  returned: always
+  type: int
+  sample: 0
 free_bytes:
   description: Free bytes on the filesystem of O(path), or of its nearest existing parent.
   returned: always
@@ -164,6 +190,8 @@ free_bytes:
 """
 
 # Ansible's layout puts the documentation before the imports, hence the noqa: E402.
+import os  # noqa: E402
+
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 from ansible_collections.dgx_spark.cluster.plugins.module_utils import (  # noqa: E402
     model_manifest as mm,
@@ -175,8 +203,14 @@ def run(params: dict) -> dict:
     path = params["path"]
     expected = params.get("expected")
     model_dir, layout = mm.find_model_dir(path, params["revision"])
+    known = None
+    if params.get("record"):
+        known = {}
+        if params.get("trust_record", True) and os.path.isfile(params["record"]):
+            with open(params["record"], encoding="utf-8") as handle:
+                known = mm.read_record(handle.read())
     if model_dir is None:
-        described = {"files": {}, "dangling": [], "escaping": []}
+        described = {"files": {}, "dangling": [], "escaping": [], "hashed": [], "reused": []}
     else:
         described = mm.build_manifest(
             model_dir,
@@ -184,6 +218,7 @@ def run(params: dict) -> dict:
             patterns=params["patterns"],
             checksum=params["checksum"],
             workers=params["workers"],
+            known=known,
         )
     problems = mm.compare(expected or {}, described, checksum=params["checksum"])
     _, free = mm.free_bytes(path)
@@ -199,6 +234,8 @@ def run(params: dict) -> dict:
         "ok": mm.is_clean(problems),
         "missing_bytes": problems["missing_bytes"],
         "free_bytes": free,
+        "hashed": len(described["hashed"]),
+        "reused": len(described["reused"]),
     }
 
 
@@ -211,6 +248,8 @@ def main() -> None:
             "checksum": {"type": "bool", "default": True},
             "expected": {"type": "dict"},
             "fail_on_mismatch": {"type": "bool", "default": True},
+            "record": {"type": "path"},
+            "trust_record": {"type": "bool", "default": True},
             "workers": {"type": "int", "default": 4},
         },
         supports_check_mode=True,

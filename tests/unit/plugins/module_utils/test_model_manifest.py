@@ -119,7 +119,13 @@ def test_hf_repo_dirname_rejects(repo_id):
 def test_plain_manifest_has_sizes_and_checksums_of_model_files(tmp_path):
     root = plain_model(tmp_path / "tiny")
     described = mm.build_manifest(str(root))
-    assert described == {"files": expected_manifest(), "dangling": [], "escaping": []}
+    assert described == {
+        "files": expected_manifest(),
+        "dangling": [],
+        "escaping": [],
+        "hashed": sorted(expected_manifest()),
+        "reused": [],
+    }
     assert mm.total_bytes(described["files"]) == sum(
         len(d) for n, d in FILES.items() if not n.endswith(".md")
     )
@@ -143,7 +149,13 @@ def test_hf_snapshot_manifest_follows_links_to_blobs(tmp_path):
     model_dir, _ = mm.find_model_dir(str(root))
     described = mm.build_manifest(model_dir, root=str(root))
     # Same manifest as the plain copy: the links are followed to their blobs.
-    assert described == {"files": expected_manifest(), "dangling": [], "escaping": []}
+    assert described == {
+        "files": expected_manifest(),
+        "dangling": [],
+        "escaping": [],
+        "hashed": sorted(expected_manifest()),
+        "reused": [],
+    }
 
 
 def test_snapshot_copied_without_blobs_has_dangling_links(tmp_path):
@@ -496,3 +508,61 @@ def test_rsync_links_deletions_and_separators():
 def test_rsync_without_stats_is_an_error():
     with pytest.raises(mm.ManifestError, match="--stats"):
         mm.parse_rsync(">f+++++++++ config.json\n")
+
+
+# --------------------------------------------------------------------------- verification record
+
+
+def test_first_placement_hashes_every_file_and_keeps_mtimes(tmp_path):
+    root = plain_model(tmp_path / "m")
+    described = mm.build_manifest(str(root), known={})
+    assert described["hashed"] == sorted(expected_manifest())
+    assert described["reused"] == []
+    for rel, entry in described["files"].items():
+        assert entry["sha256"] == expected_manifest()[rel]["sha256"]
+        assert entry["mtime_ns"] == os.stat(root / rel).st_mtime_ns
+
+
+def test_unchanged_files_reuse_the_record_and_changed_ones_are_read(tmp_path):
+    root = plain_model(tmp_path / "m")
+    record = mm.build_manifest(str(root), known={})["files"]
+    again = mm.build_manifest(str(root), known=record)
+    assert again["hashed"] == [] and sorted(again["reused"]) == sorted(record)
+    assert again["files"] == record
+
+    # Same size, new content and a new modification time: read again, and caught.
+    shard = root / "model-00002-of-00002.safetensors"
+    shard.write_bytes(b"\x02" * 1000)
+    os.utime(shard, ns=(1, record[shard.name]["mtime_ns"] + 1_000_000_000))
+    changed = mm.build_manifest(str(root), known=record)
+    assert changed["hashed"] == [shard.name]
+    problems = mm.compare(record, changed)
+    assert [p["path"] for p in problems["checksum_mismatch"]] == [shard.name]
+
+
+def test_a_record_is_not_trusted_without_mtime_or_checksum(tmp_path):
+    root = plain_model(tmp_path / "m")
+    record = mm.build_manifest(str(root), known={})["files"]
+    no_mtime = {rel: {k: v for k, v in e.items() if k != "mtime_ns"} for rel, e in record.items()}
+    no_sha = {rel: {k: v for k, v in e.items() if k != "sha256"} for rel, e in record.items()}
+    for known in (no_mtime, no_sha):
+        assert mm.build_manifest(str(root), known=known)["reused"] == []
+
+
+def test_without_known_nothing_changes_in_the_manifest(tmp_path):
+    root = plain_model(tmp_path / "m")
+    assert mm.build_manifest(str(root))["files"] == expected_manifest()
+
+
+@pytest.mark.parametrize(
+    ("text", "files"),
+    [
+        ('{"format": 1, "files": {"a.json": {"size": 1}}}', {"a.json": {"size": 1}}),
+        ('{"format": 2, "files": {"a.json": {"size": 1}}}', {}),
+        ("not json", {}),
+        ("[]", {}),
+        ('{"format": 1, "files": []}', {}),
+    ],
+)
+def test_read_record(text, files):
+    assert mm.read_record(text) == files

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from pathlib import Path
 
@@ -99,3 +100,18 @@ def test_ambiguous_snapshot_fails_with_advice(tmp_path, capsys):
     code, out = run({"path": str(root)}, capsys)
     assert code == 1
     assert "name the snapshot's commit as the revision" in out["msg"]
+
+
+def test_a_record_spares_reading_unchanged_files(tmp_path, capsys):
+    root = hf_repo(tmp_path / "head")
+    record = tmp_path / "record.json"
+    code, first = run({"path": str(root), "record": str(record)}, capsys)
+    assert code == 0 and (first["hashed"], first["reused"]) == (2, 0)
+    assert all("mtime_ns" in entry for entry in first["manifest"].values())
+    record.write_text(json.dumps({"format": 1, "files": first["manifest"]}))
+    _, again = run({"path": str(root), "record": str(record)}, capsys)
+    assert (again["hashed"], again["reused"]) == (0, 2)
+    assert again["manifest"] == first["manifest"]
+    _, asked = run({"path": str(root), "record": str(record), "trust_record": False}, capsys)
+    assert (asked["hashed"], asked["reused"]) == (2, 0)
+    assert asked["manifest"] == first["manifest"]

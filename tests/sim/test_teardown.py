@@ -1,0 +1,129 @@
+"""playbooks/teardown.yml on the simulated pair: with -e teardown_remove_weights=true the
+serving and Ray containers and the weights leave both nodes, while the images and the
+host preparation (comm.env) stay. The deployment is restored afterwards, whatever happens:
+deploy.yml runs again for the stages the teardown removed (model, ray, serve)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+MODEL_DIR = "/var/lib/dgx-spark/models/tiny-qwen3-moe"
+RECORD = "/var/lib/dgx-spark/models/.verified/tiny-qwen3-moe.json"
+COMM_ENV = "/etc/dgx-spark/comm.env"
+SERVING_ALIAS = "dgx-spark/vllm-serving:current"
+CONTAINERS = ("dgx-spark-vllm", "dgx-spark-ray")
+REMOVED_STAGES = "model,ray,serve"
+
+
+def playbook(path: str, *extra: str) -> dict:
+    """ansible-playbook PATH -i inventories/sim, as the JSON callback reports it."""
+    env = {
+        **os.environ,
+        "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
+        "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1",
+        "ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.json",
+        "ANSIBLE_NOCOLOR": "1",
+    }
+    cmd = [str(BIN / "ansible-playbook"), path, "-i", "inventories/sim", *extra]
+    started = time.monotonic()
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, text=True, capture_output=True, check=False)
+    try:
+        report = json.loads(proc.stdout)
+    except json.JSONDecodeError:
+        pytest.fail(f"{path} printed no JSON (rc {proc.returncode}):\n{proc.stderr[-4000:]}")
+    report["rc"] = proc.returncode
+    report["seconds"] = round(time.monotonic() - started)
+    return report
+
+
+def failures(report: dict) -> list[str]:
+    return [
+        f"{host}: {task['task']['name']}: {res.get('msg')}"
+        for play in report["plays"]
+        for task in play["tasks"]
+        for host, res in task["hosts"].items()
+        if res.get("failed") or res.get("unreachable")
+    ]
+
+
+def task_names(report: dict) -> set[str]:
+    return {
+        task["task"]["name"].split(" : ", 1)[-1]
+        for play in report["plays"]
+        for task in play["tasks"]
+    }
+
+
+def node_state(host) -> dict:
+    """What the teardown may and may not remove, read on the node itself."""
+    names = host.check_output("sudo docker ps -a --format '{{.Names}}'").split()
+    images = host.check_output("sudo docker images --format '{{.Repository}}:{{.Tag}} {{.ID}}'")
+    return {
+        "containers": sorted(n for n in names if n in CONTAINERS),
+        "images": sorted(images.splitlines()),
+        "model": host.file(MODEL_DIR).exists,
+        "record": host.file(RECORD).exists,
+        "comm_env": host.check_output(f"sudo sha256sum {COMM_ENV}"),
+    }
+
+
+@pytest.fixture(scope="module")
+def teardown(hosts):
+    """Deploy (a no-op when deployed), tear down with the weights, then deploy again."""
+    deployed = playbook("deploy.yml")
+    assert deployed["rc"] == 0, failures(deployed)
+    before = {name: node_state(host) for name, host in hosts.items()}
+    try:
+        report = playbook("playbooks/teardown.yml", "-e", "teardown_remove_weights=true")
+        after = {name: node_state(host) for name, host in hosts.items()}
+        yield before, report, after
+    finally:
+        restored = playbook("deploy.yml", "--tags", REMOVED_STAGES)
+        print(f"\nteardown: deploy.yml --tags {REMOVED_STAGES} restored in {restored['seconds']}s")
+        assert restored["rc"] == 0, failures(restored)
+
+
+def test_deployment_was_there(teardown):
+    before, _report, _after = teardown
+    for name, state in before.items():
+        assert state["containers"], f"{name}: nothing was serving before the teardown"
+        assert state["model"] and state["record"], f"{name}: no weights before the teardown"
+
+
+def test_teardown_removes_the_weights_without_syncing_them(teardown):
+    _before, report, after = teardown
+    assert report["rc"] == 0, failures(report)
+    for name, state in after.items():
+        assert not state["model"], f"{name}: {MODEL_DIR} is still there"
+        assert not state["record"], f"{name}: {RECORD} is still there"
+    ran = task_names(report)
+    assert "Remove the model from the node" in ran
+    for fetching in (
+        "Copy the local model directory to the head",
+        "Push the model from the head to the worker over the fast link",
+        "Describe and check the head's copy",
+    ):
+        assert fetching not in ran, f"the teardown ran '{fetching}'"
+
+
+def test_teardown_removes_the_serving_and_ray_containers(teardown):
+    _before, _report, after = teardown
+    for name, state in after.items():
+        assert state["containers"] == [], f"{name}: {state['containers']} left"
+
+
+def test_teardown_keeps_the_images_and_the_host_preparation(teardown):
+    before, _report, after = teardown
+    for name in before:
+        assert after[name]["images"] == before[name]["images"], name
+        assert any(line.startswith(SERVING_ALIAS) for line in after[name]["images"]), name
+        assert after[name]["comm_env"] == before[name]["comm_env"], name
