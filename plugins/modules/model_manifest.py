@@ -178,7 +178,8 @@ hashed:
   type: int
   sample: 4
 reused:
-  description: Number of files whose SHA-256 came from O(record) (size and modification time unchanged).
+  description:
+    - Number of files whose SHA-256 came from O(record) (size and modification time unchanged).
   returned: always
   type: int
   sample: 0
