@@ -74,7 +74,7 @@ options:
     default: true
   record:
     description:
-      - A verification record on the node (JSON C({"format": 1, "files": <manifest>}), as
+      - A verification record on the node (JSON with C(format) 1 and C(files), a manifest, as
         the model_cache role writes after a verified run). With it every RV(manifest) entry
         also carries C(mtime_ns), and with O(checksum) a file whose size and modification
         time equal its entry in the record keeps the record's SHA-256 instead of being read
