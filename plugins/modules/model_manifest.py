@@ -79,7 +79,7 @@ options:
         also carries C(mtime_ns), and with O(checksum) a file whose size and modification
         time equal its entry in the record keeps the record's SHA-256 instead of being read
         again.
-      - A missing or unreadable record is the same as an empty one: every file is read.
+      - A missing or unreadable record is the same as an empty one, so every file is read.
       - Only read here, never written.
     type: path
   trust_record:
