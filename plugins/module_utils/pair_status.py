@@ -1,0 +1,409 @@
+# Copyright: contributors to the dgx_spark.cluster collection
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""The status report of a serving pair, from what each node's read-only tasks returned.
+
+Pure functions behind the operate role's filters: ``node_status`` condenses one node's
+``docker inspect`` results, image and facts; ``cluster_report`` joins the nodes with the
+head's endpoint and Ray answers and decides healthy or not; ``render`` prints it as two
+tables; ``mask_secrets`` hides secrets in inspect output and logs.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+
+# Names of values that are secrets; a name ending in _PATH/_FILE/_DIR holds where one is.
+_SECRET_NAME = re.compile(
+    r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL)(?!.*_(PATH|FILE|DIR)$)", re.IGNORECASE
+)
+MASK = "********"
+
+
+def _parse_time(value: str | None) -> datetime | None:
+    """Docker's RFC 3339 time with nanoseconds, or None for Docker's zero time."""
+    if not value or value.startswith("0001-01-01"):
+        return None
+    match = re.match(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)$", value)
+    if not match:
+        return None
+    base, fraction, zone = match.groups()
+    micro = (fraction or "0")[:6].ljust(6, "0")
+    zone = "+00:00" if zone == "Z" else zone
+    return datetime.fromisoformat(f"{base}.{micro}{zone}")
+
+
+def container_status(inspect: dict | None, now: str) -> dict:
+    """State, health, uptime and restarts of one container from its ``docker inspect``."""
+    if not inspect:
+        return {"exists": False, "state": "absent", "health": None, "uptime_s": None,
+                "restarts": None, "image_id": None}  # fmt: skip
+    state = inspect.get("State") or {}
+    health = (state.get("Health") or {}).get("Status")
+    started = _parse_time(state.get("StartedAt"))
+    current = _parse_time(now)
+    uptime = None
+    if state.get("Running") and started and current:
+        uptime = max(0, int((current - started).total_seconds()))
+    return {
+        "exists": True,
+        "name": (inspect.get("Name") or "").lstrip("/"),
+        "state": state.get("Status") or ("running" if state.get("Running") else "unknown"),
+        "running": bool(state.get("Running")),
+        "health": health,
+        "uptime_s": uptime,
+        "restarts": inspect.get("RestartCount", 0),
+        "exit_code": None if state.get("Running") else state.get("ExitCode"),
+        "image_id": inspect.get("Image"),
+    }
+
+
+def mount_of(path: str, mounts: list[dict]) -> dict | None:
+    """The mount (from Ansible's ``ansible_mounts``) that holds ``path``: longest prefix."""
+    best = None
+    for mount in mounts or []:
+        point = mount.get("mount", "")
+        inside = path == point or path.startswith(point.rstrip("/") + "/") or point == "/"
+        if inside and (best is None or len(point) > len(best["mount"])):
+            best = mount
+    return best
+
+
+def node_status(
+    serving: dict | None,
+    ray: dict | None,
+    image: dict | None,
+    facts: dict | None,
+    now: str,
+    disk_paths: list[str] | None = None,
+) -> dict:
+    """One node's line: its two containers, the serving image's ID, memory and disk."""
+    facts = facts or {}
+    memory = facts.get("ansible_memory_mb") or {}
+    total_mb = facts.get("ansible_memtotal_mb") or (memory.get("real") or {}).get("total")
+    available_mb = (memory.get("nocache") or {}).get("free")
+    mem = None
+    if total_mb:
+        mem = {
+            "total_mb": int(total_mb),
+            "available_mb": None if available_mb is None else int(available_mb),
+            "used_pct": None
+            if available_mb is None
+            else round(100.0 * (total_mb - available_mb) / total_mb, 1),
+        }
+    disks = []
+    for path in disk_paths or []:
+        mount = mount_of(path, facts.get("ansible_mounts") or [])
+        if not mount or not mount.get("size_total"):
+            continue
+        total = mount["size_total"]
+        free = mount.get("size_available", 0)
+        disks.append({
+            "path": path,
+            "mount": mount["mount"],
+            "total_gb": round(total / 2**30, 1),
+            "free_gb": round(free / 2**30, 1),
+            "used_pct": round(100.0 * (total - free) / total, 1),
+        })  # fmt: skip
+    return {
+        "serving": container_status(serving, now),
+        "ray": container_status(ray, now),
+        "image_id": (image or {}).get("Id"),
+        "memory": mem,
+        "disks": disks,
+    }
+
+
+def _short(image_id: str | None) -> str:
+    if not image_id:
+        return "-"
+    return image_id.split(":", 1)[-1][:12]
+
+
+def cluster_report(nodes: dict, head: str, endpoint: dict | None, ray: dict | None,
+                   settings: dict) -> dict:  # fmt: skip
+    """The whole report and its verdict.
+
+    ``nodes`` maps every inventory node to its ``node_status`` (None where the node gave
+    nothing: unreachable). ``settings``: backend, image, served_model_name, url,
+    expected_gpus, expect_ray, disk_warn_pct, checked_at.
+    """
+    problems: list[str] = []
+    warnings: list[str] = []
+    backend = settings.get("backend", "ray")
+    image = settings.get("image", "")
+    report_nodes = {}
+    for name, node in nodes.items():
+        role = "head" if name == head else "worker"
+        if node is None:
+            problems.append(f"{name}: no answer (unreachable or its tasks failed)")
+            report_nodes[name] = {"role": role, "reachable": False}
+            continue
+        serves_here = backend == "multinode" or name == head
+        serving = node["serving"]
+        if serves_here and not serving.get("running"):
+            problems.append(
+                f"{name}: serving container {serving.get('name') or settings.get('serving_name')}"
+                f" is {serving['state']}"
+            )
+        if serving.get("health") == "unhealthy":
+            problems.append(f"{name}: serving container reports unhealthy")
+        ray_container = node["ray"]
+        if settings.get("expect_ray", True) and not ray_container.get("running"):
+            problems.append(
+                f"{name}: Ray container {ray_container.get('name') or settings.get('ray_name')}"
+                f" is {ray_container['state']}"
+            )
+        if not node.get("image_id"):
+            problems.append(f"{name}: no image {image}")
+        for part in ("serving", "ray"):
+            info = node[part]
+            if (
+                info.get("running")
+                and node.get("image_id")
+                and info["image_id"] != node["image_id"]
+            ):
+                warnings.append(
+                    f"{name}: the {part} container runs {_short(info['image_id'])}, not the "
+                    f"current {image} ({_short(node['image_id'])}); it restarts onto it at the "
+                    "next deploy"
+                )
+        for disk in node.get("disks", []):
+            if disk["used_pct"] >= settings.get("disk_warn_pct", 90):
+                warnings.append(f"{name}: {disk['mount']} is {disk['used_pct']}% full")
+        report_nodes[name] = {"role": role, "reachable": True, "serves": serves_here, **node}
+
+    ids = {n.get("image_id") for n in report_nodes.values() if n.get("reachable")}
+    images_match = len(ids) == 1 and None not in ids
+    if not images_match and len(ids) > 1:
+        problems.append(
+            f"{image} differs across nodes: "
+            + ", ".join(
+                f"{n} {_short(v.get('image_id'))}"
+                for n, v in report_nodes.items()
+                if v.get("reachable")
+            )  # fmt: skip
+        )
+
+    endpoint = endpoint or {}
+    health = endpoint.get("health") or {}
+    completion = endpoint.get("completion") or {}
+    if not endpoint:
+        problems.append(f"{head}: the endpoint was not asked (the head gave no answer)")
+    else:
+        if not health.get("ok"):
+            problems.append(f"endpoint /health: {health.get('error') or health.get('status')}")
+        served = endpoint.get("models") or []
+        wanted = settings.get("served_model_name")
+        if health.get("ok") and wanted and wanted not in served:
+            problems.append(f"endpoint serves {served or 'no model'}, not {wanted}")
+        if health.get("ok") and not completion.get("ok"):
+            problems.append(f"endpoint completion failed: {completion.get('error')}")
+
+    ray = ray or {}
+    if settings.get("expect_ray", True):
+        if not ray.get("parsed"):
+            problems.append(f"ray status on {head}: {ray.get('error') or 'no answer'}")
+        else:
+            if ray["alive_nodes"] < len(nodes):
+                problems.append(f"Ray: {ray['alive_nodes']} of {len(nodes)} nodes alive")
+            expected_gpus = float(settings.get("expected_gpus") or 0)
+            if ray["gpus_total"] < expected_gpus:
+                problems.append(f"Ray: {ray['gpus_total']:g} GPUs, {expected_gpus:g} needed")
+
+    cluster = {
+        "backend": backend,
+        "head": head,
+        "url": settings.get("url"),
+        "model": endpoint.get("model"),
+        "health": health,
+        "completion": completion,
+        "metrics": endpoint.get("metrics"),
+        "ray": ray,
+        "image": image,
+        "image_id": next(iter(ids)) if images_match else None,
+        "image_ids_match": images_match,
+    }
+    return {
+        "healthy": not problems,
+        "checked_at": settings.get("checked_at"),
+        "problems": problems,
+        "warnings": warnings,
+        "cluster": cluster,
+        "nodes": report_nodes,
+    }
+
+
+def _duration(seconds: int | None) -> str:
+    if seconds is None:
+        return "-"
+    days, rest = divmod(int(seconds), 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}d{hours}h"
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    if minutes:
+        return f"{minutes}m{secs:02d}s"
+    return f"{secs}s"
+
+
+def _container_cell(info: dict, expected: bool) -> str:
+    if not info.get("exists"):
+        return "absent" if expected else "-"
+    text = info["state"]
+    if info.get("health"):
+        text += f" ({info['health']})"
+    if info.get("running"):
+        text += f" up {_duration(info.get('uptime_s'))}"
+    elif info.get("exit_code") is not None:
+        text += f" rc={info['exit_code']}"
+    return text + f" r{info.get('restarts', 0)}"
+
+
+def _number(value, unit: str = "", digits: int = 1) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        value = round(value, digits) if digits else int(round(value))
+    return f"{value}{unit}"
+
+
+def _table(rows: list[list[str]]) -> list[str]:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return [
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    ]
+
+
+def render(report: dict) -> list[str]:
+    """The report as lines: one table for the cluster, one line per node, then findings."""
+    cluster = report["cluster"]
+    health = cluster.get("health") or {}
+    completion = cluster.get("completion") or {}
+    metrics = cluster.get("metrics") or {}
+    model = cluster.get("model") or {}
+    ray = cluster.get("ray") or {}
+    verdict = "HEALTHY" if report["healthy"] else f"UNHEALTHY ({len(report['problems'])} problems)"
+    if ray.get("parsed"):
+        ray_text = (f"{ray['alive_nodes']} nodes alive ({ray.get('pending_nodes', 0)} pending), "
+                    f"GPUs {ray['gpus_used']:g}/{ray['gpus_total']:g} in use")  # fmt: skip
+    else:
+        ray_text = ray.get("error") or "-"
+    images = (
+        f"{_short(cluster.get('image_id'))} on every node (match)"
+        if cluster.get("image_ids_match")
+        else "MISMATCH or missing (see nodes)"
+    )
+    cluster_rows = [
+        ["status", verdict],
+        ["checked at", str(report.get("checked_at") or "-")],
+        ["backend", f"{cluster['backend']} (head {cluster['head']})"],
+        ["endpoint", f"{cluster.get('url') or '-'}  health " + (
+            "ok" if health.get("ok") else str(health.get("error") or health.get("status")))],
+        ["model", f"{model.get('id') or '-'}  ({model.get('root') or '-'}, "
+                  f"max_model_len {model.get('max_model_len') or '-'})"],
+        ["1-token completion", _number(completion.get("latency_ms"), " ms")
+         if completion.get("ok") else f"failed: {completion.get('error') or '-'}"
+         if health.get("ok") else "- (endpoint down)"],
+        ["requests running/waiting", f"{_number(metrics.get('running'))} / "
+                                     f"{_number(metrics.get('waiting'))}"],
+        ["KV-cache usage", _number(metrics.get("kv_cache_usage_pct"), " %")],
+        ["throughput prompt/gen", f"{_number(metrics.get('prompt_tokens_per_s'))} / "
+                                  f"{_number(metrics.get('generation_tokens_per_s'))} tok/s "
+                                  f"(over {_number(metrics.get('interval_s'), ' s')})"],
+        ["tokens since start", f"prompt {_number(metrics.get('prompt_tokens'), digits=0)}, "
+                               f"generated {_number(metrics.get('generation_tokens'), digits=0)}, "
+                               f"requests {_number(metrics.get('requests_finished'))}"],
+        ["Ray", ray_text],
+        [cluster.get("image") or "image", images],
+    ]  # fmt: skip
+    lines = ["cluster"] + ["  " + line for line in _table(cluster_rows)]
+    node_rows = [["node", "role", "serving", "ray", "image", "memory used", "disk used"]]
+    for name, node in report["nodes"].items():
+        if not node.get("reachable"):
+            node_rows.append([name, node["role"], "UNREACHABLE", "-", "-", "-", "-"])
+            continue
+        mem = node.get("memory") or {}
+        mem_text = (
+            f"{_number(mem.get('used_pct'), '%')} of {mem['total_mb'] / 1024:.1f} GiB"
+            if mem
+            else "-"
+        )
+        disk_text = ", ".join(
+            f"{d['mount']} {d['used_pct']}% of {d['total_gb']} GiB" for d in node.get("disks", [])
+        )
+        node_rows.append([
+            name,
+            node["role"],
+            _container_cell(node["serving"], node.get("serves", True)),
+            _container_cell(node["ray"], True),
+            _short(node.get("image_id")),
+            mem_text,
+            disk_text or "-",
+        ])  # fmt: skip
+    lines += ["nodes"] + ["  " + line for line in _table(node_rows)]
+    lines += [f"PROBLEM: {p}" for p in report["problems"]]
+    lines += [f"warning: {w}" for w in report["warnings"]]
+    return lines
+
+
+def merge_logs(stdout: str, stderr: str) -> str:
+    """``docker logs --timestamps`` stdout and stderr as one log, in time order.
+
+    Lines that continue a multi-line record (no timestamp of their own) stay with the line
+    before them; Docker's timestamps sort as text within a stream and across both.
+    """
+    records = []
+    for stream in (stdout or "", stderr or ""):
+        for line in stream.splitlines():
+            if _DOCKER_TIME.match(line) or not records:
+                records.append([_sort_key(line), line])
+            else:
+                records[-1][1] += "\n" + line
+    records.sort(key=lambda record: record[0])
+    return "".join(record[1] + "\n" for record in records)
+
+
+_DOCKER_TIME = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?Z ")
+
+
+def _sort_key(line: str) -> str:
+    match = _DOCKER_TIME.match(line)
+    if not match:
+        return ""
+    # Docker trims trailing zeros of the nanoseconds: pad them back so text order is time order.
+    return f"{match.group(1)}.{(match.group(2) or '').ljust(9, '0')}"
+
+
+def mask_secrets(value, secrets: list[str] | None = None):
+    """``value`` with secret-named environment entries and every known secret hidden.
+
+    Environment lists (``NAME=value``) and dicts whose key names a key, token, secret or
+    password get their value replaced; any occurrence of a string in ``secrets`` anywhere
+    (logs, command lines, labels) is replaced too.
+    """
+    known = sorted({s for s in (secrets or []) if s and len(s) >= 4}, key=len, reverse=True)
+
+    def scrub(text: str) -> str:
+        for secret in known:
+            text = text.replace(secret, MASK)
+        return text
+
+    def walk(item, key: str = ""):
+        if isinstance(item, dict):
+            return {k: (MASK if _SECRET_NAME.search(str(k)) and isinstance(v, str) and v
+                        else walk(v, str(k))) for k, v in item.items()}  # fmt: skip
+        if isinstance(item, list):
+            return [walk(v, key) for v in item]
+        if isinstance(item, str):
+            if "=" in item and key in ("Env", "env"):
+                name, _, val = item.partition("=")
+                if _SECRET_NAME.search(name) and val:
+                    return f"{name}={MASK}"
+            return scrub(item)
+        return item
+
+    return walk(value)

@@ -1,0 +1,114 @@
+# Copyright: contributors to the dgx_spark.cluster collection
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""The vLLM metrics an operator reads, from the Prometheus text of ``/metrics``.
+
+Pure functions: the vllm_endpoint_info module scrapes ``/metrics`` twice and asks these for
+the gauges (running and waiting requests, KV-cache usage) and the token throughputs, which
+vLLM exports only as counters and which are therefore a difference over a known interval.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+# name{labels} value [timestamp]; label values may hold escaped quotes.
+_SAMPLE = re.compile(
+    r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)"
+    r"(?:\{(?P<labels>(?:[^{}\"]|\"(?:[^\"\\]|\\.)*\")*)\})?"
+    r"\s+(?P<value>\S+)(?:\s+\S+)?\s*$"
+)
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+# What the status report shows, by the name vLLM exports (v1 engine, 0.10 and later).
+GAUGES = {
+    "running": "vllm:num_requests_running",
+    "waiting": "vllm:num_requests_waiting",
+    "kv_cache_usage": "vllm:kv_cache_usage_perc",
+}
+COUNTERS = {
+    "prompt_tokens": "vllm:prompt_tokens_total",
+    "generation_tokens": "vllm:generation_tokens_total",
+    "requests_finished": "vllm:request_success_total",
+    "preemptions": "vllm:num_preemptions_total",
+}
+
+
+class MetricsError(ValueError):
+    """The text is not Prometheus exposition format."""
+
+
+def parse_samples(text: str) -> list[tuple[str, dict[str, str], float]]:
+    """Every sample of a Prometheus text exposition as (name, labels, value)."""
+    samples = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        match = _SAMPLE.match(line)
+        if not match:
+            raise MetricsError(f"line {number} is not a Prometheus sample: {line[:120]!r}")
+        try:
+            value = float(match["value"])
+        except ValueError as exc:
+            raise MetricsError(f"line {number} has no numeric value: {line[:120]!r}") from exc
+        labels = dict(_LABEL.findall(match["labels"] or ""))
+        samples.append((match["name"], labels, value))
+    return samples
+
+
+def _total(samples, name: str, model: str | None) -> float | None:
+    """Sum of a metric over its label sets (engines, finish reasons), for one model."""
+    values = [
+        value
+        for sample_name, labels, value in samples
+        if sample_name == name and (model is None or labels.get("model_name", model) == model)
+    ]
+    if not values:
+        return None
+    return sum(v for v in values if not math.isnan(v))
+
+
+def summarize(text: str, model: str | None = None) -> dict:
+    """The gauges and counters that matter, None where vLLM does not export one.
+
+    ``kv_cache_usage`` stays vLLM's fraction (0..1); ``kv_cache_usage_pct`` is the same in
+    percent, rounded for display.
+    """
+    samples = parse_samples(text)
+    result: dict = {}
+    for key, name in {**GAUGES, **COUNTERS}.items():
+        result[key] = _total(samples, name, model)
+    for key in ("running", "waiting", "requests_finished", "preemptions"):
+        if result[key] is not None:
+            result[key] = int(result[key])
+    usage = result["kv_cache_usage"]
+    result["kv_cache_usage_pct"] = None if usage is None else round(usage * 100, 1)
+    return result
+
+
+def throughput(before: dict, after: dict, seconds: float, probe: dict | None = None) -> dict:
+    """Prompt and generation tokens per second between two ``summarize`` results.
+
+    ``probe`` is the ``usage`` of requests the caller sent itself in the interval (a health
+    completion); its tokens are not the clients' and are subtracted.
+    """
+    probe = probe or {}
+    own = {
+        "prompt_tokens": probe.get("prompt_tokens", 0) or 0,
+        "generation_tokens": probe.get("completion_tokens", 0) or 0,
+    }
+    rates = {}
+    for key, rate_key in (
+        ("prompt_tokens", "prompt_tokens_per_s"),
+        ("generation_tokens", "generation_tokens_per_s"),
+    ):
+        first, second = before.get(key), after.get(key)
+        if first is None or second is None or seconds <= 0:
+            rates[rate_key] = None
+            continue
+        # A counter that went down belongs to a restarted server: no rate over a restart.
+        delta = second - first - own[key] if second >= first else 0.0
+        rates[rate_key] = round(max(delta, 0.0) / seconds, 2)
+    rates["interval_s"] = round(seconds, 3)
+    return rates

@@ -1,0 +1,151 @@
+"""plugins/module_utils/pair_status.py: the pair's report from real docker inspect output."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+from ansible_collections.dgx_spark.cluster.plugins.module_utils import pair_status, ray_status
+
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "operate"
+SETTINGS = {
+    "backend": "multinode",
+    "image": "dgx-spark/vllm-serving:current",
+    "served_model_name": "tiny-qwen3-moe",
+    "url": "http://172.30.240.11:8000/v1",
+    "expected_gpus": 2,
+    "disk_paths": ["/var/lib/docker"],
+    "checked_at": "2026-11-30T08:00:00.000000Z",
+}
+
+
+def _load(name):
+    return json.loads((FIXTURES / name).read_text())
+
+
+@pytest.fixture
+def answers():
+    """Both nodes as the status tasks saw them on the healthy simulated pair."""
+    return _load("status_answers_sim.json")
+
+
+def _report(answers, endpoint=None, ray_text=None, settings=None):
+    nodes = {
+        name: None
+        if node is None
+        else pair_status.node_status(
+            node["serving"],
+            node["ray"],
+            node["image"],
+            node["facts"],
+            SETTINGS["checked_at"],
+            SETTINGS["disk_paths"],
+        )  # fmt: skip
+        for name, node in answers["nodes"].items()
+    }
+    ray = ray_status.parse(answers["ray_status"] if ray_text is None else ray_text)
+    return pair_status.cluster_report(
+        nodes, "spark-1", answers["endpoint"] if endpoint is None else endpoint, ray,
+        {**SETTINGS, **(settings or {})},
+    )  # fmt: skip
+
+
+def test_healthy_pair_is_healthy(answers):
+    report = _report(answers)
+    assert report["problems"] == []
+    assert report["healthy"]
+    assert report["cluster"]["image_ids_match"]
+    assert report["cluster"]["image_id"].startswith("sha256:")
+    for node in report["nodes"].values():
+        assert node["serving"]["running"] and node["ray"]["running"]
+        assert node["serving"]["uptime_s"] > 0
+        assert node["memory"]["total_mb"] > 0
+        assert node["disks"][0]["mount"]
+
+
+def test_stopped_worker_serving_container_is_a_problem(answers):
+    stopped = copy.deepcopy(answers)
+    state = stopped["nodes"]["spark-2"]["serving"]["State"]
+    state.update(Running=False, Status="exited", ExitCode=137)
+    report = _report(stopped)
+    assert not report["healthy"]
+    assert any(
+        "spark-2: serving container dgx-spark-vllm is exited" in p for p in report["problems"]
+    )
+
+
+def test_worker_without_serving_container_is_fine_on_the_ray_backend(answers):
+    absent = copy.deepcopy(answers)
+    absent["nodes"]["spark-2"]["serving"] = None
+    assert _report(absent, settings={"backend": "ray"})["healthy"]
+    assert not _report(absent, settings={"backend": "multinode"})["healthy"]
+
+
+def test_image_mismatch_and_unreachable_node(answers):
+    other = copy.deepcopy(answers)
+    other["nodes"]["spark-2"]["image"]["Id"] = "sha256:" + "f" * 64
+    report = _report(other)
+    assert any("differs across nodes" in p for p in report["problems"])
+    assert not report["cluster"]["image_ids_match"]
+    gone = copy.deepcopy(answers)
+    gone["nodes"]["spark-2"] = None
+    report = _report(gone)
+    assert any(p.startswith("spark-2: no answer") for p in report["problems"])
+    assert "UNREACHABLE" in "\n".join(pair_status.render(report))
+
+
+def test_endpoint_down_and_ray_short_of_a_node(answers):
+    down = {"health": {"ok": False, "status": None, "error": "Connection refused"},
+            "models": [], "model": {}, "completion": {"ok": False}, "metrics": {}}  # fmt: skip
+    report = _report(answers, endpoint=down)
+    assert any("endpoint /health: Connection refused" in p for p in report["problems"])
+    one_node = (FIXTURES / "ray_status_one_node.txt").read_text()
+    report = _report(answers, ray_text=one_node)
+    assert any(p.startswith("Ray: 1 of 2 nodes alive") for p in report["problems"])
+
+
+def test_render_has_a_cluster_table_and_a_line_per_node(answers):
+    lines = pair_status.render(_report(answers))
+    text = "\n".join(lines)
+    assert lines[0] == "cluster"
+    assert "HEALTHY" in text and "(match)" in text
+    node_lines = [line for line in lines if line.strip().startswith("spark-")]
+    assert len(node_lines) == 2
+    assert "running" in node_lines[0]
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"),
+    [("2026-11-30T07:59:00.123456789Z", 59), ("2026-11-30T06:00:00Z", 7200)],
+)
+def test_uptime_from_docker_times(value, seconds):
+    inspect = {"State": {"Running": True, "Status": "running", "StartedAt": value}}
+    assert pair_status.container_status(inspect, SETTINGS["checked_at"])["uptime_s"] == seconds
+
+
+def test_mask_secrets_in_inspect_and_text():
+    inspect = {
+        "Config": {"Env": ["VLLM_API_KEY=sim-only-key", "VLLM_HOST_IP=172.30.241.11",
+                           "RAY_AUTH_TOKEN_PATH=/etc/dgx-spark-ray/token"],
+                   "Cmd": ["--api-key", "sim-only-key"]},
+        "Labels": {"hf_token": "hf_abc"},
+    }  # fmt: skip
+    masked = pair_status.mask_secrets(inspect, ["sim-only-key"])
+    assert masked["Config"]["Env"][0] == "VLLM_API_KEY=********"
+    assert masked["Config"]["Env"][1] == "VLLM_HOST_IP=172.30.241.11"
+    assert masked["Config"]["Env"][2] == "RAY_AUTH_TOKEN_PATH=/etc/dgx-spark-ray/token"
+    assert masked["Config"]["Cmd"] == ["--api-key", "********"]
+    assert masked["Labels"]["hf_token"] == "********"
+    assert "sim-only-key" not in json.dumps(masked)
+    assert (
+        pair_status.mask_secrets("Bearer sim-only-key ok", ["sim-only-key"]) == "Bearer ******** ok"
+    )
+
+
+def test_merge_logs_orders_both_streams_by_time():
+    stdout = "2026-11-30T06:00:01.5Z INFO b\n2026-11-30T06:00:03Z INFO d\n"
+    stderr = "2026-11-30T06:00:01.123456789Z WARN a\n2026-11-30T06:00:02Z WARN c\n"
+    merged = pair_status.merge_logs(stdout, stderr).splitlines()
+    assert [line.split()[-1] for line in merged] == ["a", "b", "c", "d"]
