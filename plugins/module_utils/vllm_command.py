@@ -20,6 +20,53 @@ class ServeConfigError(ValueError):
     """Settings that cannot make a working command; the message names the variable."""
 
 
+# Flags the role sets itself, and the variable that sets each; extra args must not repeat them.
+MANAGED_FLAGS = {
+    "--tensor-parallel-size": "vllm_serve_tensor_parallel_size",
+    "-tp": "vllm_serve_tensor_parallel_size",
+    "--pipeline-parallel-size": "vllm_serve_pipeline_parallel_size",
+    "-pp": "vllm_serve_pipeline_parallel_size",
+    "--distributed-executor-backend": "vllm_serve_backend",
+    "--nnodes": "vllm_serve_backend (from the inventory)",
+    "--node-rank": "vllm_serve_backend (from the inventory)",
+    "--master-addr": "spark_fast_ip of the head",
+    "--master-port": "vllm_serve_master_port",
+    "--headless": "vllm_serve_backend (workers of multinode)",
+    "--max-model-len": "vllm_serve_max_model_len",
+    "--gpu-memory-utilization": "vllm_serve_gpu_memory_utilization",
+    "--max-num-batched-tokens": "vllm_serve_max_num_batched_tokens",
+    "--enable-prefix-caching": "vllm_serve_enable_prefix_caching",
+    "--speculative-config": "vllm_serve_speculative_config",
+    "--served-model-name": "vllm_serve_served_model_name",
+    "--host": "vllm_serve_host",
+    "--port": "vllm_serve_port",
+    "--reasoning-parser": "vllm_serve_reasoning_parser",
+    "--enable-auto-tool-choice": "vllm_serve_enable_auto_tool_choice",
+    "--tool-call-parser": "vllm_serve_tool_call_parser",
+    "--api-key": "vllm_serve_api_key",
+    "--middleware": "vllm_serve_api_key (the role's key middleware)",
+}
+
+
+def check_extra_args(extra_args) -> None:
+    """Refuse extra arguments that are not strings or that repeat a flag the role manages."""
+    if not isinstance(extra_args, (list, tuple)):
+        raise ServeConfigError(
+            f"vllm_serve_extra_args must be a list of strings, got {type(extra_args).__name__}"
+        )
+    for arg in extra_args:
+        if not isinstance(arg, (str, int, float)) or isinstance(arg, bool):
+            raise ServeConfigError(
+                f"vllm_serve_extra_args must hold strings, got {arg!r} ({type(arg).__name__})"
+            )
+        flag = str(arg).split("=", 1)[0]
+        if flag in MANAGED_FLAGS:
+            raise ServeConfigError(
+                f"vllm_serve_extra_args repeats {flag}, which the role sets itself: "
+                f"set {MANAGED_FLAGS[flag]} instead"
+            )
+
+
 def _flag(args: list[str], name: str, value) -> None:
     if value is None or value == "" or value is False:
         return
@@ -42,6 +89,7 @@ def serve_args(
     model = settings.get("model_path") or ""
     if not model:
         raise ServeConfigError("vllm_serve_model_path must name the model directory on every node")
+    check_extra_args(settings.get("extra_args") or [])
     if backend == "ray" and node_rank != 0:
         return []
 
@@ -76,7 +124,13 @@ def serve_args(
     _flag(args, "reasoning-parser", settings.get("reasoning_parser"))
     _flag(args, "enable-auto-tool-choice", bool(settings.get("enable_auto_tool_choice")))
     _flag(args, "tool-call-parser", settings.get("tool_call_parser"))
+    for middleware in settings.get("middleware") or []:
+        _flag(args, "middleware", middleware)
     return args
+
+
+# Where the driver and the head's rank (in the Ray container) share their ZeroMQ sockets.
+RPC_DIR_IN_CONTAINER = "/run/dgx-spark-rpc"
 
 
 def serve_env(settings: dict, *, backend: str, ray_address: str, token_path: str) -> dict:
@@ -88,6 +142,9 @@ def serve_env(settings: dict, *, backend: str, ray_address: str, token_path: str
                 "RAY_ADDRESS": ray_address,
                 "RAY_AUTH_MODE": "token",
                 "RAY_AUTH_TOKEN_PATH": token_path,
+                # The driver's rank on the head runs in the Ray container: its IPC sockets
+                # must be in a directory both containers mount.
+                "VLLM_RPC_BASE_PATH": RPC_DIR_IN_CONTAINER,
             }
         )
     env.update({str(k): str(v) for k, v in (settings.get("env") or {}).items()})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -68,6 +69,7 @@ def test_ray_backend_environment():
         "RAY_ADDRESS": "198.51.100.11:6379",
         "RAY_AUTH_MODE": "token",
         "RAY_AUTH_TOKEN_PATH": "/etc/dgx-spark-vllm/ray-token",
+        "VLLM_RPC_BASE_PATH": "/run/dgx-spark-rpc",
     }
 
 
@@ -158,3 +160,28 @@ def test_parallel_sizes_against_declared_gpus(tp, pp, gpus, ok):
             match=rf"vllm_serve_tensor_parallel_size \({tp}\) x vllm_serve_pipeline_parallel_size",
         ):
             vllm_command.check_parallel_sizes(tp, pp, gpus)
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--tensor-parallel-size", "4"], "repeats --tensor-parallel-size, which the role sets "
+         "itself: set vllm_serve_tensor_parallel_size instead"),
+        (["--api-key=x"], "repeats --api-key, which the role sets itself: set vllm_serve_api_key"),
+        (["-tp", "2"], "repeats -tp"),
+        ("--enforce-eager", "must be a list of strings, got str"),
+        ([["--x"]], "must hold strings, got ['--x'] (list)"),
+    ],
+)
+def test_extra_args_that_repeat_a_managed_flag_are_refused(extra, message):
+    settings = production_settings(extra_args=extra)
+    with pytest.raises(vllm_command.ServeConfigError, match=re.escape(message)):
+        vllm_command.serve_args(settings, backend="ray", node_rank=0, nnodes=2, master_addr="x")
+
+
+def test_the_key_middleware_is_the_heads_only():
+    settings = production_settings(middleware=["dgx_spark_auth.require_key"])
+    head = vllm_command.serve_args(settings, backend="multinode", node_rank=0, nnodes=2, master_addr="a")
+    worker = vllm_command.serve_args(settings, backend="multinode", node_rank=1, nnodes=2, master_addr="a")
+    assert head[-2:] == ["--middleware", "dgx_spark_auth.require_key"]
+    assert "--middleware" not in worker

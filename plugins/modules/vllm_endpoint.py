@@ -1,0 +1,245 @@
+#!/usr/bin/python
+# Copyright: contributors to the dgx_spark.cluster collection
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: vllm_endpoint
+short_description: Wait until a vLLM endpoint serves, or learn why it does not
+version_added: "0.2.0"
+description:
+  - Polls the endpoint on the node it runs on until C(/health) answers 200 and, with
+    O(completion), a one-token completion comes back; only then is RV(healthy) true.
+  - Watches the serving containers of this node (O(watch)) while it waits. When one of them
+    exits, restarts or disappears, vLLM refused its settings or crashed, so it stops waiting
+    at once and returns vLLM's own reason from the container's log (RV(excerpt)).
+  - Changes nothing, so it always reports RV(ignore:changed=false).
+author:
+  - dgx_spark.cluster developers (!UNKNOWN)
+attributes:
+  check_mode:
+    support: full
+    description: Only reads, so it runs the same in check mode.
+  diff_mode:
+    support: none
+    description: Nothing is changed, so there is no diff.
+requirements:
+  - Docker SDK for Python (the C(docker) package) on the node, when O(watch) is not empty.
+options:
+  url:
+    description: Base URL of the OpenAI-compatible server, without C(/v1).
+    type: str
+    default: http://127.0.0.1:8000
+  api_key:
+    description: Bearer key for the completion; empty sends none.
+    type: str
+    default: ""
+  model:
+    description: Served model name to ask for the completion.
+    type: str
+  completion:
+    description: Require a one-token completion as well as C(/health).
+    type: bool
+    default: true
+  prompt:
+    description: Prompt of the one-token completion.
+    type: str
+    default: ping
+  timeout:
+    description: Seconds to wait in all.
+    type: int
+    default: 300
+  request_timeout:
+    description: Seconds one completion request may take.
+    type: int
+    default: 60
+  watch:
+    description: Names of the serving containers on this node to watch while waiting.
+    type: list
+    elements: str
+    default: []
+  fail_on_unhealthy:
+    description: Fail the task when the endpoint does not serve; off, only report.
+    type: bool
+    default: true
+"""
+
+EXAMPLES = r"""
+- name: Wait for the pair to serve, watching the head's serving container
+  dgx_spark.cluster.vllm_endpoint:
+    url: http://127.0.0.1:8000
+    model: Qwen3.5-122B-A10B-FP8
+    api_key: "{{ vllm_serve_api_key }}"
+    watch: [dgx-spark-vllm]
+    timeout: 1200
+    fail_on_unhealthy: false
+  register: _serving
+
+- name: Liveness that asks the model, within 30 s
+  dgx_spark.cluster.vllm_endpoint:
+    model: tiny-qwen3-moe
+    timeout: 30
+"""
+
+RETURN = r"""
+healthy:
+  description: The endpoint answered C(/health) and, with O(completion), a completion.
+  returned: always
+  type: bool
+seconds:
+  description: How long the module waited.
+  returned: always
+  type: float
+reason:
+  description: Why the endpoint does not serve; empty when RV(healthy).
+  returned: always
+  type: str
+  sample: "dgx-spark-vllm exited"
+excerpt:
+  description: vLLM's own words from the log of a container that stopped, trimmed.
+  returned: always
+  type: str
+  sample: "ValueError: max_model_len must be at least 1"
+text:
+  description: The completion's text, when one came back.
+  returned: always
+  type: str
+"""
+
+import json
+import time
+import urllib.error
+import urllib.request
+
+from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+from ansible_collections.dgx_spark.cluster.plugins.module_utils import vllm_health
+
+try:
+    import docker
+except ImportError:
+    docker = None
+
+
+def _http(url: str, body: dict | None, headers: dict, timeout: float) -> tuple[int, dict | None]:
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(url, data=data, headers=headers)
+    if data is not None:
+        request.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as answer:  # noqa: S310
+            raw = answer.read()
+            status = answer.status
+    except urllib.error.HTTPError as exc:
+        return exc.code, None
+    except (urllib.error.URLError, OSError, TimeoutError):
+        return 0, None
+    try:
+        return status, json.loads(raw) if raw else None
+    except ValueError:
+        return status, None
+
+
+def _states(client, names: list[str]) -> dict:
+    states = {}
+    for name in names:
+        try:
+            attrs = client.api.inspect_container(name)
+        except docker.errors.NotFound:
+            continue
+        states[name] = {
+            "running": bool(attrs["State"].get("Running")),
+            "restarts": int(attrs.get("RestartCount") or 0),
+            "started_at": attrs["State"].get("StartedAt", ""),
+        }
+    return states
+
+
+def _log_excerpt(client, names: list[str]) -> str:
+    parts = []
+    for name in names:
+        try:
+            logs = client.api.logs(name, tail=400).decode("utf-8", "replace")
+        except docker.errors.APIError:
+            continue
+        excerpt = vllm_health.error_excerpt(logs)
+        if excerpt:
+            parts.append(f"{name}: {excerpt}")
+    return " || ".join(parts)
+
+
+def wait(params: dict, client) -> dict:
+    base = params["url"].rstrip("/")
+    headers = {"Authorization": f"Bearer {params['api_key']}"} if params["api_key"] else {}
+    started = time.monotonic()
+    deadline = started + params["timeout"]
+    before = _states(client, params["watch"]) if client else {}
+    missing = sorted(set(params["watch"]) - set(before))
+    result = {"healthy": False, "reason": "", "excerpt": "", "text": ""}
+    if missing:
+        result["reason"] = f"{', '.join(missing)} not found"
+        return result
+    while True:
+        if client:
+            failure = vllm_health.container_failure(before, _states(client, params["watch"]))
+            if failure:
+                result["reason"] = failure
+                result["excerpt"] = _log_excerpt(client, params["watch"])
+                return result
+        remaining = deadline - time.monotonic()
+        status, _ = _http(f"{base}/health", None, {}, max(1.0, min(5.0, remaining)))
+        if status == 200 and not params["completion"]:
+            result["healthy"] = True
+            return result
+        if status == 200:
+            body = {"model": params["model"], "prompt": params["prompt"], "max_tokens": 1,
+                    "temperature": 0}  # fmt: skip
+            budget = max(1.0, min(float(params["request_timeout"]), deadline - time.monotonic()))
+            status, answer = _http(f"{base}/v1/completions", body, headers, budget)
+            if vllm_health.completion_ok(status, answer):
+                result["healthy"] = True
+                result["text"] = str(answer["choices"][0].get("text", ""))
+                return result
+            if status in (401, 403, 404):
+                result["reason"] = f"the completion was refused with HTTP {status}"
+                return result
+        if time.monotonic() >= deadline:
+            what = "a one-token completion" if params["completion"] else "/health"
+            result["reason"] = f"no answer to {what} within {params['timeout']} s"
+            return result
+        time.sleep(2)
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "url": {"type": "str", "default": "http://127.0.0.1:8000"},
+            "api_key": {"type": "str", "default": "", "no_log": True},
+            "model": {"type": "str"},
+            "completion": {"type": "bool", "default": True},
+            "prompt": {"type": "str", "default": "ping"},
+            "timeout": {"type": "int", "default": 300},
+            "request_timeout": {"type": "int", "default": 60},
+            "watch": {"type": "list", "elements": "str", "default": []},
+            "fail_on_unhealthy": {"type": "bool", "default": True},
+        },
+        required_if=[("completion", True, ("model",))],
+        supports_check_mode=True,
+    )
+    client = None
+    if module.params["watch"]:
+        if docker is None:
+            module.fail_json(msg=missing_required_lib("docker"))
+        client = docker.from_env()
+    started = time.monotonic()
+    result = wait(module.params, client)
+    result["seconds"] = round(time.monotonic() - started, 1)
+    if not result["healthy"] and module.params["fail_on_unhealthy"]:
+        detail = f": {result['excerpt']}" if result["excerpt"] else ""
+        module.fail_json(msg=f"the endpoint does not serve ({result['reason']}){detail}", **result)
+    module.exit_json(changed=False, **result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,133 @@
+"""vllm_endpoint against a real HTTP server on loopback and a stand-in Docker client."""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from ansible_collections.dgx_spark.cluster.plugins.modules import vllm_endpoint
+from support.modules import run_module
+
+
+class Endpoint:
+    """A server whose answers the test sets: /health status, completion status and tokens."""
+
+    def __init__(self):
+        self.health = 200
+        self.completion = 200
+        self.tokens = 1
+        self.keys: list[str] = []
+        endpoint = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def _answer(self, status, body):
+                raw = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(raw)))
+                self.end_headers()
+                self.wfile.write(raw)
+
+            def do_GET(self):  # noqa: N802
+                self._answer(endpoint.health, {})
+
+            def do_POST(self):  # noqa: N802
+                self.rfile.read(int(self.headers["Content-Length"]))
+                endpoint.keys.append(self.headers.get("Authorization", ""))
+                body = {"choices": [{"text": " x"}], "usage": {"completion_tokens": endpoint.tokens}}
+                self._answer(endpoint.completion, body)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+class FakeDocker:
+    """The two calls the module makes of docker's low-level API."""
+
+    class errors:  # noqa: N801
+        class NotFound(Exception):
+            pass
+
+        APIError = Exception
+
+    def __init__(self, states: list[dict], logs: str = ""):
+        self.states = states  # one inspect answer per call; the last one repeats
+        self.logs_text = logs
+        self.api = self
+
+    def inspect_container(self, name):
+        state = self.states.pop(0) if len(self.states) > 1 else self.states[0]
+        if state is None:
+            raise FakeDocker.errors.NotFound(name)
+        return {"State": {"Running": state["running"], "StartedAt": state["started"]},
+                "RestartCount": state.get("restarts", 0)}  # fmt: skip
+
+    def logs(self, name, tail):
+        return self.logs_text.encode()
+
+
+@pytest.fixture
+def endpoint():
+    server = Endpoint()
+    yield server
+    server.server.shutdown()
+
+
+def params(url, **extra):
+    return {"url": url, "api_key": "test-key-0123", "model": "m", "completion": True, "prompt": "p",
+            "timeout": 5, "request_timeout": 5, "watch": [], **extra}  # fmt: skip
+
+
+def test_healthy_only_with_a_completion(endpoint):
+    result = vllm_endpoint.wait(params(endpoint.url), None)
+    assert result["healthy"] and result["text"] == " x"
+    assert endpoint.keys == ["Bearer test-key-0123"]
+
+
+def test_health_alone_is_not_enough(endpoint):
+    endpoint.tokens = 0
+    result = vllm_endpoint.wait(params(endpoint.url, timeout=3), None)
+    assert not result["healthy"]
+    assert result["reason"] == "no answer to a one-token completion within 3 s"
+
+
+def test_a_refused_key_stops_at_once(endpoint):
+    endpoint.completion = 401
+    result = vllm_endpoint.wait(params(endpoint.url, timeout=60), None)
+    assert result == {"healthy": False, "reason": "the completion was refused with HTTP 401",
+                      "excerpt": "", "text": ""}  # fmt: skip
+
+
+def test_a_container_that_exits_stops_the_wait_with_vllms_reason(endpoint, monkeypatch):
+    monkeypatch.setattr(vllm_endpoint, "docker", FakeDocker)
+    endpoint.health = 503
+    running = {"running": True, "started": "t0"}
+    client = FakeDocker(
+        [running, running, {"running": False, "started": "t0"}],
+        logs="Traceback (most recent call last):\nValueError: max_model_len must be >= 1\n",
+    )
+    result = vllm_endpoint.wait(params(endpoint.url, timeout=60, watch=["vllm"]), client)
+    assert result["reason"] == "vllm exited"
+    assert result["excerpt"] == "vllm: ValueError: max_model_len must be >= 1"
+
+
+def test_a_missing_container_is_reported(endpoint, monkeypatch):
+    monkeypatch.setattr(vllm_endpoint, "docker", FakeDocker)
+    result = vllm_endpoint.wait(params(endpoint.url, watch=["vllm"]), FakeDocker([None]))
+    assert result["reason"] == "vllm not found" and not result["healthy"]
+
+
+def test_module_fails_or_reports(endpoint, capsys):
+    endpoint.health = 503
+    args = params(endpoint.url, timeout=2)
+    code, result = run_module(vllm_endpoint, {**args, "fail_on_unhealthy": False}, capsys)
+    assert code == 0 and result["healthy"] is False and result["changed"] is False
+    code, result = run_module(vllm_endpoint, args, capsys)
+    assert code == 1
+    assert result["msg"] == "the endpoint does not serve (no answer to a one-token completion within 2 s)"
