@@ -6,7 +6,11 @@ sidecar YAML files next to this one)."""
 from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
-from ansible_collections.dgx_spark.cluster.plugins.module_utils import fast_link, link_checks
+from ansible_collections.dgx_spark.cluster.plugins.module_utils import (
+    fast_link,
+    link_checks,
+    spark_platform,
+)
 
 
 def host_prep_links(links, host, facts, fast_ip, mgmt_ip="", mtu=9000):
@@ -72,6 +76,40 @@ def host_prep_check(text, check, *args, **kwargs):
         }
 
 
+def host_prep_serving(containers):
+    """Names of the running serving containers in docker_host_info's container list."""
+    return link_checks.serving_containers(list(containers or []))
+
+
+def host_prep_link_plan(hosts, hostvars, mode, hardware):
+    """Whether the link benchmarks run this time, for all nodes: {run, reason, stale, serving}."""
+    nodes = {}
+    for host in (str(h) for h in hosts):
+        facts = hostvars[host]
+        nodes[host] = {
+            "settings": dict(facts.get("_host_prep_link_settings") or {}),
+            "record": link_checks.read_link_record(facts.get("_host_prep_link_record_text")),
+            "serving": list(facts.get("_host_prep_serving") or []),
+        }
+    try:
+        return link_checks.plan_link_check(str(mode), bool(hardware), nodes)
+    except ValueError as exc:
+        raise AnsibleFilterError(str(exc)) from exc
+
+
+def host_prep_link_record(settings, checked_at, results=None):
+    """The record a node keeps after its link check passed."""
+    return link_checks.link_record(dict(settings), str(checked_at), list(results or []))
+
+
+def host_prep_platform(nvidia_smi, gpus, host="", kernel=""):
+    """GPUs against spark_gpus, and the kernel and driver against the known-bad table."""
+    result = spark_platform.check_gpus(str(nvidia_smi), int(gpus), str(host))
+    drivers = [g["driver"] for g in result["gpus"]]
+    result["warnings"] = spark_platform.platform_warnings(str(kernel), drivers, str(host))
+    return result
+
+
 class FilterModule:
     def filters(self):
         return {
@@ -80,4 +118,8 @@ class FilterModule:
             "host_prep_roce": host_prep_roce,
             "host_prep_comm_env": host_prep_comm_env,
             "host_prep_check": host_prep_check,
+            "host_prep_serving": host_prep_serving,
+            "host_prep_platform": host_prep_platform,
+            "host_prep_link_plan": host_prep_link_plan,
+            "host_prep_link_record": host_prep_link_record,
         }

@@ -314,7 +314,8 @@ def test_hardware_path_with_stand_ins(runs, ansible, hosts, sim, tmp_path):
     bundle = tmp_path / "standins"
     bundle.mkdir()
     for src in [*STANDINS.iterdir(), *(fixtures / n for n in (
-        "ethtool_200g_up.txt", "ib_write_bw_rocep1s0f1.txt", "busbw_json_ib.txt"))]:  # fmt: skip
+        "ethtool_200g_up.txt", "ib_write_bw_rocep1s0f1.txt", "busbw_json_ib.txt",
+        "nvidia_smi_gb10.txt"))]:  # fmt: skip
         shutil.copy2(src, bundle / src.name)
     done = ansible(
         "sparks", "ansible.builtin.copy", f"src={bundle}/ dest={STANDIN_DIR}/ mode=preserve"
@@ -343,15 +344,19 @@ def test_hardware_path_with_stand_ins(runs, ansible, hosts, sim, tmp_path):
         *("-e", f"host_prep_nccl_image={sim.DONOR_IMAGE}"),
         # docker.io is installed: nothing for apt to fetch.
         *("-e", "host_prep_nvidia_runtime_package=docker.io"),
+        *("-e", "host_prep_rdma_package=docker.io"),
         *("-e", "host_prep_rdma_duration_s=1"),
         # The trust phase is the same as in the real run above.
         *("--skip-tags", "host_prep_trust"),
     ]
     try:
-        run = playbook(*extra, path=str(wrapper))
+        # Asked for: the benchmarks run even if the pair is serving right now.
+        run = playbook(*extra, "-e", "host_prep_link_check=always", path=str(wrapper))
         assert run.rc == 0, "\n".join(run.failures()) or run.raw[-4000:]
         text = run.messages()
         for words in (
+            "1 x NVIDIA GB10, driver 580.173.02",
+            "link benchmarks (RDMA write, NCCL all_gather): run: host_prep_link_check=always",
             "link up at 200000Mb/s",
             "RoCE devices up: roce_",
             "RDMA write 111.74 Gb/s, at least host_prep_rdma_min_gbps (90)",
@@ -362,6 +367,35 @@ def test_hardware_path_with_stand_ins(runs, ansible, hosts, sim, tmp_path):
         assert sorted(applied) == ["spark-1", "spark-2"]
         env = hosts["spark-1"].file(f"{STANDIN_DIR}/comm.env").content_string
         assert "NCCL_IB_HCA=roce_" in env and "NCCL_IB_DISABLE=0" in env
+        for name, host in hosts.items():
+            record = json.loads(host.check_output(f"sudo cat {STANDIN_DIR}/link-check.json"))
+            assert record["settings"]["mtu"] == 9000 and record["fingerprint"], name
+
+        # A rerun with unchanged settings does not measure again, and changes nothing.
+        again = playbook(*extra, path=str(wrapper))
+        assert again.rc == 0, "\n".join(again.failures()) or again.raw[-4000:]
+        assert "not run: unchanged since the passed link check of" in again.messages()
+        nccl = "Start the NCCL all_gather on every node"
+        assert not [h for n, h, _r in again.results() if n == nccl]
+        assert {h: s["changed"] for h, s in again.stats.items()} == {"spark-1": 0, "spark-2": 0}
+
+        # Changed settings while a serving container holds the GPUs: due, but not measured.
+        hosts["spark-2"].check_output(
+            "sudo docker run -d --name host-prep-test-serving "
+            "--label dgx_spark.cluster.component=vllm --entrypoint sleep "
+            f"{shlex.quote(sim.CLUSTER_IMAGE)} 600"
+        )
+        try:
+            serving = playbook(*extra, "-e", "host_prep_rdma_min_gbps=80", path=str(wrapper))
+        finally:
+            hosts["spark-2"].run("sudo docker rm -f host-prep-test-serving")
+        assert serving.rc == 0, "\n".join(serving.failures()) or serving.raw[-4000:]
+        said = serving.messages()
+        assert "changed since the last passed check: rdma" in said, said
+        assert "host-prep-test-serving on spark-2 holds the GPUs" in said, said
+        assert "not measured automatically while serving" in said
+        ran = {n for n, _h, _r in serving.results()}
+        assert "Measure RDMA write bandwidth to each peer over each twin" not in ran
 
         # A change that cuts the peers off is rolled back to the previous file.
         for host in hosts.values():

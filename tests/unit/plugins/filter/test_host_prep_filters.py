@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,13 @@ def test_all_filters_are_exported():
         "host_prep_roce",
         "host_prep_comm_env",
         "host_prep_check",
+        "host_prep_serving",
+        "host_prep_platform",
+        "host_prep_link_plan",
+        "host_prep_link_record",
     }
+    for name in hp.FilterModule().filters():
+        assert (Path(hp.__file__).parent / f"{name}.yml").exists(), f"{name} has no documentation"
 
 
 def _hostvars():
@@ -74,3 +81,26 @@ def test_roce_with_unreadable_ibdev2netdev():
 def test_comm_env_error_is_a_filter_error():
     with pytest.raises(AnsibleFilterError, match="is not on any of the links"):
         hp.host_prep_comm_env([], "172.30.241.11")
+
+
+def test_link_plan_reads_every_node_from_hostvars():
+    settings = {"mtu": 9000, "links": ["172.30.241.11/24"]}
+    record = hp.host_prep_link_record(settings, "2026-11-30T06:00:00Z")
+    hostvars = {
+        "spark-1": {"_host_prep_link_settings": settings, "_host_prep_serving": [],
+                    "_host_prep_link_record_text": json.dumps(record)},
+        "spark-2": {"_host_prep_link_settings": settings, "_host_prep_serving": ["dgx-spark-vllm"],
+                    "_host_prep_link_record_text": ""},
+    }  # fmt: skip
+    plan = hp.host_prep_link_plan(["spark-1", "spark-2"], hostvars, "auto", True)
+    assert plan["run"] is False
+    assert plan["stale"] == {"spark-2": "no passed link check recorded (first deploy)"}
+    assert "dgx-spark-vllm on spark-2 holds the GPUs" in plan["reason"]
+    with pytest.raises(AnsibleFilterError, match="host_prep_link_check"):
+        hp.host_prep_link_plan(["spark-1"], hostvars, "sometimes", True)
+
+
+def test_platform_filter_adds_the_warnings():
+    got = hp.host_prep_platform("NVIDIA GB10, 580.173.02\n", 1, "spark-1", "7.0.0-1019-nvidia")
+    assert got["passed"] is True
+    assert len(got["warnings"]) == 1 and "ibv_reg_mr_iova2" in got["warnings"][0]

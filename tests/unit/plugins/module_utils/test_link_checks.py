@@ -396,3 +396,70 @@ def test_addresses_down():
     data[1]["operstate"] = "DOWN"
     result = lc.check_addresses(json.dumps(data), SIM_LINK, 9000)
     assert not result["passed"] and "eth0: DOWN" in result["message"]
+
+
+# --------------------------------------------------------------------------- when to measure
+
+
+def test_serving_containers_from_docker_host_info():
+    containers = json.loads(fixture("docker_host_info_containers.json"))
+    # Running and named dgx-spark-vllm, or running and labelled; not Ray, not a created one.
+    assert lc.serving_containers(containers) == ["capture-serving-standin", "dgx-spark-vllm"]
+    assert lc.serving_containers([]) == [] and lc.serving_containers(None) == []
+
+
+SETTINGS = {
+    "links": TWINS,
+    "mtu": 9000,
+    "rdma_min_gbps": 90.0,
+    "nccl": {"check": "torch", "size_mib": 4096, "min_busbw_gbps": 21.875},
+    "kernel": "6.11.0-1016-nvidia",
+}
+
+
+def nodes(record=True, serving=(), settings=SETTINGS, **other):
+    made = lc.link_record(SETTINGS, "2026-11-30T06:00:00Z", ["RDMA write 111.74 Gb/s"])
+    return {
+        "spark-1": {"settings": settings, "record": made if record else None,
+                    "serving": list(serving)},
+        "spark-2": {"settings": SETTINGS, "record": made, "serving": []},
+        **other,
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("mode", "hardware", "state", "run", "words"),
+    [
+        ("auto", True, nodes(record=False), True, "spark-1: no passed link check recorded"),
+        ("auto", True, nodes(), False, "unchanged since the passed link check of 2026-11-30"),
+        ("auto", True, nodes(settings={**SETTINGS, "mtu": 1500}), True,
+         "spark-1: changed since the last passed check: mtu"),
+        ("auto", True, nodes(settings={**SETTINGS, "kernel": "6.14.0-1015-nvidia"}), True,
+         "changed since the last passed check: kernel"),
+        ("auto", True, nodes(record=False, serving=["dgx-spark-vllm"]), False,
+         "but dgx-spark-vllm on spark-1 holds the GPUs"),
+        ("auto", True, nodes(serving=["dgx-spark-vllm"]), False, "unchanged since"),
+        ("always", True, nodes(), True, "host_prep_link_check=always"),
+        ("always", True, nodes(serving=["dgx-spark-vllm"]), True,
+         "while dgx-spark-vllm on spark-1 holds the GPUs (asked for)"),
+        ("never", True, nodes(record=False), False, "host_prep_link_check=never"),
+        ("auto", False, nodes(record=False), False, "hardware-only"),
+    ],
+)  # fmt: skip
+def test_plan_link_check(mode, hardware, state, run, words):
+    plan = lc.plan_link_check(mode, hardware, state)
+    assert plan["run"] is run
+    assert words in plan["reason"], plan["reason"]
+
+
+def test_plan_link_check_refuses_an_unknown_mode():
+    with pytest.raises(ValueError, match="allowed: auto, always, never"):
+        lc.plan_link_check("sometimes", True, nodes())
+
+
+def test_link_record_round_trip():
+    record = lc.link_record(SETTINGS, "2026-11-30T06:00:00Z")
+    assert lc.read_link_record(json.dumps(record)) == record
+    assert record["fingerprint"] == lc.settings_fingerprint(json.loads(json.dumps(SETTINGS)))
+    for text in ("", None, "{", "[]", '{"format": 2, "settings": {}}', '{"format": 1}'):
+        assert lc.read_link_record(text) is None

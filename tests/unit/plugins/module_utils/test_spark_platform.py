@@ -1,0 +1,92 @@
+"""Tests for plugins/module_utils/spark_platform.py on captured nvidia-smi output
+(tests/unit/fixtures/host_prep/nvidia_smi_*.txt, described in its README)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from ansible_collections.dgx_spark.cluster.plugins.module_utils import spark_platform as sp
+
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "host_prep"
+
+
+def fixture(name: str) -> str:
+    return (FIXTURES / name).read_text()
+
+
+def test_parse_gb10():
+    assert sp.parse_gpus(fixture("nvidia_smi_gb10.txt")) == [
+        {"name": "NVIDIA GB10", "driver": "580.173.02"}
+    ]
+    assert sp.parse_gpus("NVIDIA GB10\n") == [{"name": "NVIDIA GB10", "driver": ""}]
+
+
+@pytest.mark.parametrize(
+    ("name", "expected", "passed", "words"),
+    [
+        ("nvidia_smi_gb10.txt", 1, True, "spark-1: 1 x NVIDIA GB10, driver 580.173.02"),
+        ("nvidia_smi_gb10_580_142.txt", 1, True, "driver 580.142"),
+        ("nvidia_smi_gb10.txt", 2, False, "1 GPUs, spark_gpus says 2"),
+        ("nvidia_smi_h200x2.txt", 2, False, "2 x NVIDIA H200, driver 580.159.04: not a GB10"),
+        ("nvidia_smi_h200x2.txt", 1, False, "2 GPUs, spark_gpus says 1"),
+    ],
+)
+def test_check_gpus(name, expected, passed, words):
+    result = sp.check_gpus(fixture(name), expected, "spark-1")
+    assert result["passed"] is passed
+    assert words in result["message"], result["message"]
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("", "nvidia-smi lists no GPU"),
+        ("name, driver_version\nNVIDIA GB10, 580.142\n", "a CSV header"),
+        (
+            "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.",
+            "NVIDIA-SMI has failed",
+        ),
+    ],
+)
+def test_check_gpus_without_gpus(text, words):
+    result = sp.check_gpus(text, 1)
+    assert result["passed"] is False and words in result["message"]
+
+
+@pytest.mark.parametrize(
+    ("kernel", "count"),
+    [
+        ("7.0.0-1019-nvidia", 1),
+        ("7.0.0-31-generic", 1),
+        ("6.17.0-1032-nvidia", 0),
+        ("6.17.0-1031-nvidia", 0),
+        ("7.0.0-10190-nvidia", 0),
+        ("6.18.44-fc-v657-gpu", 0),
+        ("", 0),
+    ],
+)
+def test_known_bad_kernels(kernel, count):
+    assert len(sp.known_bad("kernel", kernel)) == count
+
+
+def test_every_table_entry_has_a_reason_and_a_source():
+    for entry in sp.KNOWN_BAD:
+        assert entry["component"] in ("kernel", "driver")
+        assert len(entry["reason"]) > 40 and entry["sources"]
+
+
+def test_platform_warnings_name_the_node_the_release_and_the_reason():
+    (warning,) = sp.platform_warnings("7.0.0-1019-nvidia", ["580.173.02"], "spark-2")
+    assert warning.startswith("spark-2: kernel 7.0.0-1019-nvidia has public reports")
+    assert "ibv_reg_mr_iova2" in warning and "6.17.0-1032-nvidia" in warning
+    assert sp.platform_warnings("6.17.0-1032-nvidia", "580.173.02") == []
+    table = ({"component": "driver", "match": r"580\.142", "reason": "r" * 41, "sources": ("x",)},)
+    assert sp.platform_warnings("6.17.0-1032-nvidia", ["580.142"], table=table)[0].startswith(
+        "driver 580.142"
+    )
+
+
+def test_known_bad_refuses_an_unknown_component():
+    with pytest.raises(ValueError, match="kernel or driver|one of kernel, driver"):
+        sp.known_bad("firmware", "1")
