@@ -53,10 +53,35 @@ def hybrid_image_patch_registry(text, entries):
     return _wrap(hybrid_image.patch_registry, str(text), dict(entries or {}))
 
 
+def hybrid_image_preflight(found, host, strategy, inputs, base_ray="", ray_override=""):
+    """Errors about the input images on one node, and the Ray the cluster will run.
+
+    ``found`` maps each image reference to the ID the node's Docker has ('' when absent);
+    ``inputs`` holds hybrid_image_base, hybrid_image_donor and their *_id pins.
+    """
+    found = dict(found or {})
+    inputs = dict(inputs or {})
+    errors = []
+    for var in ("hybrid_image_base", "hybrid_image_donor"):
+        ref = str(inputs.get(var) or "")
+        errors += hybrid_image.check_image(
+            str(host), var, ref, str(found.get(ref) or ""), f"{var}_id",
+            str(inputs.get(f"{var}_id") or ""),
+        )  # fmt: skip
+    version, source = hybrid_image.cluster_ray(
+        str(strategy), str(base_ray or ""), str(ray_override or "")
+    )
+    base_id = found.get(str(inputs.get("hybrid_image_base") or ""))
+    if base_id and base_ray is not None:
+        errors += hybrid_image.check_ray_token_auth(str(host), version, source)
+    return {"errors": errors, "ray_version": version, "ray_source": source}
+
+
 class FilterModule:
     def filters(self):
         return {
             "hybrid_image_digest": hybrid_image_digest,
+            "hybrid_image_preflight": hybrid_image_preflight,
             "hybrid_image_env": hybrid_image_env,
             "hybrid_image_env_instructions": hybrid_image_env_instructions,
             "hybrid_image_cluster_files": hybrid_image_cluster_files,

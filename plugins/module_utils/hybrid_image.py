@@ -388,3 +388,85 @@ def patch_registry(text: str, entries: dict[str, list[str] | tuple[str, str]]) -
         if merged.get(arch) != (qualify_module(registry_module_name(str(module))), str(cls)):
             raise HybridImageError(f"the patched registry does not list {arch} as intended")
     return patched
+
+
+# --------------------------------------------------------------------------- the inputs
+# Checked by the validate entry point on every node, before any host changes.
+
+# Ray's token authentication (RAY_AUTH_MODE=token, which ray_cluster uses) exists from 2.52.
+RAY_TOKEN_AUTH_MIN = "2.52.0"
+_IMAGE_ID = re.compile(r"^sha256:[0-9a-f]{64}$")
+_REPO_DIGEST = re.compile(r"^[^@\s]+@sha256:[0-9a-f]{64}$")
+_RELEASE = re.compile(r"^(\d+(?:\.\d+)*)")
+
+HOW_TO_GET = {
+    "hybrid_image_base": (
+        "the cluster base is built locally by the spark-vllm-docker project's build script on "
+        "each Spark (nothing pulls it); build it there, or copy it with docker save | docker load"
+    ),
+    "hybrid_image_donor": (
+        "pull it on the node (docker pull), or set hybrid_image_pull: true to let preflight pull it"
+    ),
+}
+
+
+def version_tuple(text: str) -> tuple[int, ...]:
+    """``2.52.0`` -> (2, 52, 0); ``2.52.0rc1`` -> (2, 52, 0); empty when not a version."""
+    match = _RELEASE.match((text or "").strip())
+    if not match:
+        return ()
+    parts = tuple(int(p) for p in match.group(1).split("."))
+    return parts + (0,) * max(0, 3 - len(parts))
+
+
+def check_image(host: str, var: str, ref: str, found_id: str, pin_var: str, pin: str) -> list[str]:
+    """An input image as the node's Docker has it: present, and the pinned ID when pinned.
+
+    ``ref`` may be ``name:tag`` or ``name@sha256:<digest>`` (a registry digest, which pins
+    the content by itself); ``pin`` an image ID (``sha256:<64 hex>``) or empty.
+    """
+    errors = []
+    if not ref:
+        return [f"{host}: {var} is empty; it must name an image ({HOW_TO_GET.get(var, '')})"]
+    if pin and not _IMAGE_ID.match(pin):
+        errors.append(
+            f"{host}: {pin_var} ({pin}) must be an image ID, sha256: and 64 hex digits "
+            f"(docker image inspect --format '{{{{.Id}}}}' {ref})"
+        )
+    if not found_id:
+        errors.append(f"{host}: {var} ({ref}) is not on this node: {HOW_TO_GET.get(var, '')}")
+    elif pin and _IMAGE_ID.match(pin) and found_id != pin:
+        errors.append(
+            f"{host}: {var} ({ref}) is {found_id} here, but {pin_var} pins {pin}: load the "
+            f"pinned image on {host}, or change {pin_var}"
+        )
+    return errors
+
+
+def is_pinned(ref: str, pin: str) -> bool:
+    """Whether an input is fixed by content: an image ID pin or a name@sha256: reference."""
+    return bool(_IMAGE_ID.match(pin or "") or _REPO_DIGEST.match(ref or ""))
+
+
+def cluster_ray(strategy: str, base_ray: str, override: str = "", serve_base: bool = False):
+    """(version, where it comes from) of the Ray the serving image will run."""
+    if strategy == "overlay" and override and not serve_base:
+        return override, "hybrid_image_ray_version (installed into the donor by the overlay)"
+    return base_ray or "", "the base (hybrid_image_base)"
+
+
+def check_ray_token_auth(host: str, version: str, source: str, minimum: str = RAY_TOKEN_AUTH_MIN):
+    """Errors when the Ray that will run the cluster lacks token authentication."""
+    if not version:
+        return [
+            f"{host}: {source} has no Ray; the cluster needs Ray {minimum} or newer "
+            "(token authentication, RAY_AUTH_MODE=token): use a base with Ray"
+        ]
+    if version_tuple(version) < version_tuple(minimum):
+        return [
+            f"{host}: {source} has Ray {version}; the cluster's token authentication "
+            f"(RAY_AUTH_MODE=token) needs Ray {minimum} or newer: rebuild the base with a "
+            "newer Ray, or with hybrid_image_strategy=overlay set hybrid_image_ray_version "
+            f"to {minimum} or newer"
+        ]
+    return []

@@ -56,10 +56,12 @@ def failures(report: dict) -> list[str]:
 
 
 def task_names(report: dict) -> set[str]:
+    """The tasks that ran on some host (not only skipped)."""
     return {
         task["task"]["name"].split(" : ", 1)[-1]
         for play in report["plays"]
         for task in play["tasks"]
+        if any(not res.get("skipped") for res in task["hosts"].values())
     }
 
 

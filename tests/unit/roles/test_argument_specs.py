@@ -1,4 +1,5 @@
-"""Every role documents each default in meta/argument_specs.yml, with the same value."""
+"""Every role documents each default in meta/argument_specs.yml, with the same value; the
+roles that preflight validates through an entry point share its options with main."""
 
 from __future__ import annotations
 
@@ -9,6 +10,9 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[3]
 ROLES = sorted(p.parent.parent for p in ROOT.glob("roles/*/defaults/main.yml"))
+# Roles that playbooks/preflight.yml enters with tasks_from: validate (no .yml), so Ansible
+# checks the spec of their `validate` entry point before the tasks run.
+VALIDATED = ("host_prep", "hybrid_image", "model_cache")
 
 
 @pytest.mark.parametrize("role", ROLES, ids=[r.name for r in ROLES])
@@ -28,3 +32,35 @@ def test_defaults_and_argument_specs_agree(role):
 def test_every_role_has_argument_specs():
     for role in ROOT.glob("roles/*"):
         assert (role / "meta/argument_specs.yml").exists(), role.name
+
+
+@pytest.mark.parametrize("name", VALIDATED)
+def test_validate_entry_point_shares_the_options_of_main(name):
+    role = ROOT / "roles" / name
+    specs = yaml.safe_load((role / "meta/argument_specs.yml").read_text())["argument_specs"]
+    assert "validate" in specs, f"{name} has no validate entry point"
+    assert specs["validate"]["options"] == specs["main"]["options"]
+    assert specs["validate"].get("short_description")
+    assert (role / "tasks/validate.yml").exists()
+
+
+@pytest.mark.parametrize("name", VALIDATED)
+def test_main_runs_validate_only_when_preflight_did_not(name):
+    main = yaml.safe_load((ROOT / "roles" / name / "tasks/main.yml").read_text())
+    text = yaml.safe_dump(main)
+    assert f"_{name}_validated" in text, f"{name}'s main.yml validates a second time"
+    validate = (ROOT / "roles" / name / "tasks/validate.yml").read_text()
+    assert f"_{name}_validated: true" in validate
+
+
+def test_preflight_enters_the_validate_entry_points_without_extension():
+    plays = yaml.safe_load((ROOT / "playbooks/preflight.yml").read_text())
+    tasks = plays[0]["tasks"]
+    by_form = {
+        task["ansible.builtin.include_role"]["tasks_from"]: task["loop"]
+        for task in tasks
+        if "ansible.builtin.include_role" in task
+    }
+    assert sorted(by_form["validate"]) == sorted(VALIDATED)
+    for task in tasks:
+        assert "always" in task["ansible.builtin.include_role"]["apply"]["tags"]

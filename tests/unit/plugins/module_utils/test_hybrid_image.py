@@ -508,3 +508,65 @@ def test_the_transplant_of_the_story(fetch_vllm_sdist, vllm_sdist):
     assert list(plan["entries"]) == wanted
     patched = parse_registry(hi.patch_registry(base_text, plan["entries"]))
     assert patched[wanted[0]] == (f"{PKG}.qwen3_5", wanted[0])
+
+
+# --------------------------------------------------------------------------- the inputs
+
+ID_A = "sha256:" + "a" * 64
+ID_B = "sha256:" + "b" * 64
+
+
+@pytest.mark.parametrize(
+    ("text", "want"),
+    [("2.52.0", (2, 52, 0)), ("2.52", (2, 52, 0)), ("2.60.0", (2, 60, 0)),
+     ("2.52.0rc1", (2, 52, 0)), ("", ()), ("none", ())],
+)  # fmt: skip
+def test_version_tuple(text, want):
+    assert hi.version_tuple(text) == want
+
+
+def test_check_image_present_and_pinned():
+    args = ("spark-1", "hybrid_image_base", "vllm-node:latest")
+    assert hi.check_image(*args, ID_A, "hybrid_image_base_id", "") == []
+    assert hi.check_image(*args, ID_A, "hybrid_image_base_id", ID_A) == []
+    (missing,) = hi.check_image(*args, "", "hybrid_image_base_id", "")
+    assert missing.startswith("spark-1: hybrid_image_base (vllm-node:latest) is not on this node")
+    assert "spark-vllm-docker" in missing and "nothing pulls it" in missing
+    (moved,) = hi.check_image(*args, ID_B, "hybrid_image_base_id", ID_A)
+    assert f"is {ID_B} here, but hybrid_image_base_id pins {ID_A}" in moved
+    (bad_pin,) = hi.check_image(*args, ID_A, "hybrid_image_base_id", "abc")
+    assert "hybrid_image_base_id (abc) must be an image ID" in bad_pin
+    donor = ("spark-2", "hybrid_image_donor")
+    (missing_donor,) = hi.check_image(*donor, "d:1", "", "hybrid_image_donor_id", "")
+    assert "hybrid_image_pull: true" in missing_donor
+    (empty,) = hi.check_image(*donor, "", "", "hybrid_image_donor_id", "")
+    assert "hybrid_image_donor is empty" in empty
+
+
+def test_is_pinned():
+    assert hi.is_pinned("vllm-node:latest", ID_A)
+    assert hi.is_pinned("hellohal2064/vllm-qwen3.5-gb10@sha256:" + "c" * 64, "")
+    assert not hi.is_pinned("vllm-node:latest", "")
+
+
+@pytest.mark.parametrize(
+    ("strategy", "base", "override", "serve_base", "want"),
+    [
+        ("overlay", "2.49.0", "", False, "2.49.0"),
+        ("overlay", "2.49.0", "2.53.0", False, "2.53.0"),
+        ("transplant", "2.49.0", "2.53.0", False, "2.49.0"),
+        ("overlay", "2.49.0", "2.53.0", True, "2.49.0"),
+    ],
+)
+def test_cluster_ray(strategy, base, override, serve_base, want):
+    assert hi.cluster_ray(strategy, base, override, serve_base)[0] == want
+
+
+def test_check_ray_token_auth():
+    assert hi.check_ray_token_auth("spark-1", "2.60.0", "the base") == []
+    assert hi.check_ray_token_auth("spark-1", "2.52.0", "the base") == []
+    (old,) = hi.check_ray_token_auth("spark-1", "2.49.2", "the base (hybrid_image_base)")
+    assert old.startswith("spark-1: the base (hybrid_image_base) has Ray 2.49.2")
+    assert "2.52.0 or newer" in old and "hybrid_image_ray_version" in old
+    (none,) = hi.check_ray_token_auth("spark-2", "", "the base (hybrid_image_base)")
+    assert "has no Ray" in none

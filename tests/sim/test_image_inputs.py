@@ -1,0 +1,147 @@
+"""The serving image's inputs on the simulated pair: preflight refuses missing, moved or
+Ray-less inputs on every node before any change, naming the variable, the node and what to
+do; and a base whose own vLLM imports the wanted architectures is served as it is."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+ALIAS = "dgx-spark/vllm-serving:current"
+TEST_NAME = "dgx-spark/vllm-serving-inputs-test"
+
+
+def playbook(path: str, *extra: str) -> dict:
+    env = {
+        **os.environ,
+        "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
+        "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1",
+        "ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.json",
+        "ANSIBLE_NOCOLOR": "1",
+    }
+    cmd = [str(BIN / "ansible-playbook"), path, "-i", "inventories/sim", *extra]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, text=True, capture_output=True, check=False)
+    try:
+        report = json.loads(proc.stdout)
+    except json.JSONDecodeError:
+        pytest.fail(f"{path} printed no JSON (rc {proc.returncode}):\n{proc.stderr[-4000:]}")
+    report["rc"] = proc.returncode
+    return report
+
+
+def results(report: dict):
+    for play in report["plays"]:
+        for task in play["tasks"]:
+            for host, res in task["hosts"].items():
+                yield task["task"]["name"].split(" : ", 1)[-1], host, res
+
+
+def failures(report: dict) -> dict[str, str]:
+    return {host: str(res.get("argument_errors") or res.get("msg")) for _n, host, res in
+            results(report) if res.get("failed")}  # fmt: skip
+
+
+def image_id(host, ref: str) -> str:
+    got = host.run(f"sudo docker image inspect --format '{{{{.Id}}}}' {ref}")
+    return got.stdout.strip() if got.rc == 0 else ""
+
+
+ANOTHER_ID = "sha256:" + "a" * 64
+BAD_INPUTS = {
+    "unknown strategy (the spec)": (
+        ["-e", "hybrid_image_strategy=fancy"],
+        "value of hybrid_image_strategy must be one of: overlay, transplant, got: fancy",
+    ),
+    "donor missing on the nodes": (
+        ["-e", "hybrid_image_donor=nosuch/donor:1"],
+        "hybrid_image_donor (nosuch/donor:1) is not on this node: pull it on the node",
+    ),
+    "base pinned to another image": (
+        ["-e", f"hybrid_image_base_id={ANOTHER_ID}"],
+        f"but hybrid_image_base_id pins {ANOTHER_ID}: load the pinned image on",
+    ),
+    "pin that is not an image ID": (
+        ["-e", "hybrid_image_donor_id=latest"],
+        "hybrid_image_donor_id (latest) must be an image ID, sha256: and 64 hex digits",
+    ),
+    "Ray without token authentication": (
+        ["-e", "hybrid_image_ray_version=2.49.0"],
+        "has Ray 2.49.0; the cluster's token authentication (RAY_AUTH_MODE=token) needs Ray "
+        "2.52.0 or newer",
+    ),
+    "pull asked for, registry out of reach": (
+        ["-e", "hybrid_image_donor=nosuch/donor:1", "-e", "hybrid_image_pull=true"],
+        "docker pull: Error response from daemon",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUTS))
+def test_preflight_refuses_bad_image_inputs_on_every_node(sim, case):
+    extra, words = BAD_INPUTS[case]
+    report = playbook("playbooks/preflight.yml", *extra)
+    assert report["rc"] != 0
+    failed = failures(report)
+    assert sorted(failed) == ["spark-1", "spark-2"], failed
+    for host, message in failed.items():
+        assert words in message, message
+        if "spec" not in case:
+            assert message.startswith(f"{host}: ") or f"\n{host}: " in message, message
+    assert {h: s["changed"] for h, s in report["stats"].items() if h != "localhost"} == {
+        "spark-1": 0,
+        "spark-2": 0,
+    }
+
+
+def test_base_served_as_it_is_must_be_the_same_image_on_every_node(sim, hosts):
+    """Each node built its own serving image (each_node), so their IDs differ: serving that
+    image as a base would run mixed versions, and the role refuses before moving any alias."""
+    ids = {name: image_id(host, ALIAS) for name, host in hosts.items()}
+    if len(set(ids.values())) == 1:
+        pytest.skip(f"{ALIAS} is the same image on every node: {ids}")
+    test_alias = f"{TEST_NAME}:current"
+    try:
+        report = playbook(
+            "playbooks/images.yml",
+            *("-e", f"hybrid_image_base={ALIAS}", "-e", f"hybrid_image_name={TEST_NAME}"),
+        )
+        assert report["rc"] != 0
+        (message,) = failures(report).values()
+        assert f"The nodes have different images under {ALIAS}" in message, message
+        assert "pin it with hybrid_image_base_id" in message
+        for name, host in hosts.items():
+            assert image_id(host, test_alias) == "", f"{name}: the alias moved"
+    finally:
+        for host in hosts.values():
+            host.run(f"sudo docker image rm {test_alias}")
+
+
+def test_base_that_imports_the_architectures_is_served_as_it_is(sim, hosts):
+    """The current serving image (Ray 2.60, vLLM 0.32 CPU) stands in for a base that already
+    knows the wanted architectures, on one node (the nodes' copies differ, see above); the
+    alias goes under a test name, and nothing is built."""
+    test_alias = f"{TEST_NAME}:current"
+    host = hosts["spark-1"]
+    try:
+        report = playbook(
+            "playbooks/images.yml",
+            *("-e", f"hybrid_image_base={ALIAS}", "-e", f"hybrid_image_name={TEST_NAME}"),
+            *("--limit", "spark-1"),
+        )
+        assert report["rc"] == 0, failures(report)
+        ran = {name for name, _host, res in results(report) if not res.get("skipped")}
+        assert "Point the serving alias at the base" in ran
+        assert "Build the image under its unverified tag" not in ran
+        assert "Read the donor's model registry against the base's" not in ran
+        said = " ".join(str(res.get("msg", "")) for _n, _h, res in results(report))
+        assert "imports Qwen3MoeForCausalLM itself: it is served as it is" in said
+        assert image_id(host, test_alias) == image_id(host, ALIAS) != ""
+    finally:
+        host.run(f"sudo docker image rm {test_alias}")
