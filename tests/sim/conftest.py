@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -81,3 +82,54 @@ def run_ansible(pattern: str, module: str, args: str = "", *extra: str) -> dict[
 @pytest.fixture(scope="session")
 def ansible():
     return run_ansible
+
+
+class PlaybookRun:
+    """One ansible-playbook run with the JSON callback: rc, seconds, stats and results."""
+
+    def __init__(self, proc: subprocess.CompletedProcess, seconds: float):
+        self.rc = proc.returncode
+        self.seconds = seconds
+        self.raw = proc.stdout + proc.stderr
+        try:
+            self.report = json.loads(proc.stdout)
+        except json.JSONDecodeError:
+            pytest.fail(f"ansible-playbook printed no JSON (rc {self.rc}):\n{self.raw[-4000:]}")
+
+    @property
+    def stats(self) -> dict[str, dict]:
+        return self.report["stats"]
+
+    def results(self):
+        """(task name without the role prefix, host, result) for every task and host."""
+        for play in self.report["plays"]:
+            for task in play["tasks"]:
+                name = task["task"]["name"].split(" : ", 1)[-1]
+                for host, res in task["hosts"].items():
+                    yield name, host, res
+
+    def failures(self) -> list[str]:
+        return [f"{h}: {r.get('msg')}" for _n, h, r in self.results() if r.get("failed")]
+
+    def changed(self) -> dict[str, int]:
+        return {host: s["changed"] for host, s in self.stats.items()}
+
+
+def run_playbook(path: str, *extra: str) -> PlaybookRun:
+    """ansible-playbook PATH -i inventories/sim EXTRA..., from the repository root."""
+    env = {
+        **os.environ,
+        "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
+        "ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.json",
+        "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1",
+        "ANSIBLE_NOCOLOR": "1",
+    }
+    cmd = [str(ANSIBLE_BIN / "ansible-playbook"), path, "-i", str(INVENTORY), *extra]
+    started = time.monotonic()
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, text=True, capture_output=True, check=False)
+    return PlaybookRun(proc, time.monotonic() - started)
+
+
+@pytest.fixture(scope="session")
+def playbook():
+    return run_playbook

@@ -1,0 +1,192 @@
+#!/usr/bin/env python3
+"""Fault drills on the simulated pair: how long until it serves again, with no human.
+
+A client asks the endpoint for one token every half second while a fault is made; for each
+fault the script prints the time from the fault to the first of three consecutive good
+completions, and how many requests failed meanwhile. Nothing but the fault is done: no
+playbook runs, so what comes back is what the pair does by itself (Docker's restart
+policies, Ray's membership, vLLM's executor).
+
+Faults (names for --faults):
+  cold-start      stop the head's serving container, then start it: one cold vLLM start,
+                  the yardstick for the others
+  worker-rank     kill -9 the main process of the worker's rank container (Ray backend: the
+                  worker's Ray container; multinode: its serving container)
+  head-rank       kill -9 the main process of the head's serving container
+  worker-reboot   restart the worker's node container (its dockerd and every container in it)
+  head-reboot     restart the head's node container
+  power-cut       kill both node containers, start the head, then the worker
+  power-cut-late  kill both, start the worker, then the head 60 s later
+  link-drop       take the worker off the fast network for 30 s, then back
+
+Usage: drills.py [--faults a,b,...] [--timeout 600] [--json PATH]
+The pair must be serving (make demo) and keeps serving afterwards unless a fault was not
+recovered (then the table says so and the script exits 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "sim"))
+import simctl  # noqa: E402
+
+SERVE = yaml.safe_load((ROOT / "inventories/sim/group_vars/all/serve.yml").read_text())
+FAULTS = ("cold-start", "worker-rank", "head-rank", "worker-reboot", "head-reboot",
+          "power-cut", "power-cut-late", "link-drop")  # fmt: skip
+
+
+def docker(*args: str, check: bool = True) -> str:
+    proc = subprocess.run(["docker", *args], text=True, capture_output=True, check=False)
+    if check and proc.returncode != 0:
+        raise RuntimeError(f"docker {' '.join(args)}: {proc.stderr.strip()}")
+    return proc.stdout.strip()
+
+
+def on_node(node, *args: str, check: bool = True) -> str:
+    return docker("exec", node.container, *args, check=check)
+
+
+class Client(threading.Thread):
+    """One-token completions, one every half second; remembers each answer's time and result."""
+
+    def __init__(self, url: str):
+        super().__init__(daemon=True)
+        self.url = url
+        self.events: list[tuple[float, bool]] = []
+        self.halt = threading.Event()
+
+    def ask(self) -> bool:
+        body = json.dumps({"model": SERVE["vllm_serve_served_model_name"], "prompt": "spark",
+                           "max_tokens": 1}).encode()  # fmt: skip
+        req = urllib.request.Request(f"{self.url}/v1/completions", data=body)
+        req.add_header("Content-Type", "application/json")
+        req.add_header("Authorization", f"Bearer {SERVE['vllm_serve_api_key']}")
+        try:
+            with urllib.request.urlopen(req, timeout=10) as answer:
+                return json.loads(answer.read())["usage"]["completion_tokens"] == 1
+        except (urllib.error.URLError, OSError, ValueError, KeyError):
+            return False
+
+    def run(self) -> None:
+        while not self.halt.is_set():
+            self.events.append((time.monotonic(), self.ask()))
+            time.sleep(0.5)
+
+    def recovered_after(self, since: float) -> float | None:
+        """Seconds from ``since`` to the first of three consecutive good answers after it."""
+        streak = []
+        for at, ok in self.events:
+            if at < since:
+                continue
+            streak = [*streak, at] if ok else []
+            if len(streak) == 3:
+                return streak[0] - since
+        return None
+
+    def failed_since(self, since: float) -> int:
+        return sum(1 for at, ok in self.events if at >= since and not ok)
+
+
+def rank_container(node, head: bool) -> str:
+    if head or SERVE.get("vllm_serve_backend", "ray") == "multinode":
+        return "dgx-spark-vllm"
+    return "dgx-spark-ray"
+
+
+def kill_main_process(node, container: str) -> None:
+    pid = on_node(node, "docker", "inspect", "-f", "{{.State.Pid}}", container)
+    on_node(node, "kill", "-9", pid)
+
+
+def wait_node(node) -> None:
+    simctl.wait_ready(node)
+
+
+def make_fault(name: str, head, worker) -> None:
+    if name == "cold-start":
+        on_node(head, "docker", "stop", "dgx-spark-vllm")
+        on_node(head, "docker", "start", "dgx-spark-vllm")
+    elif name == "worker-rank":
+        kill_main_process(worker, rank_container(worker, head=False))
+    elif name == "head-rank":
+        kill_main_process(head, "dgx-spark-vllm")
+    elif name == "worker-reboot":
+        docker("restart", worker.container)
+    elif name == "head-reboot":
+        docker("restart", head.container)
+    elif name == "power-cut":
+        docker("kill", head.container, worker.container)
+        docker("start", head.container)
+        docker("start", worker.container)
+    elif name == "power-cut-late":
+        docker("kill", head.container, worker.container)
+        docker("start", worker.container)
+        time.sleep(60)
+        docker("start", head.container)
+    elif name == "link-drop":
+        docker("network", "disconnect", simctl.FAST_NETWORK, worker.container)
+        time.sleep(30)
+        docker("network", "connect", "--ip", worker.fast_ip, simctl.FAST_NETWORK, worker.container)
+    else:
+        raise ValueError(f"unknown fault {name!r}; known: {', '.join(FAULTS)}")
+
+
+def drill(name: str, head, worker, timeout: float) -> dict:
+    client = Client(f"http://{head.mgmt_ip}:{SERVE.get('vllm_serve_port', 8000)}")
+    client.start()
+    try:
+        deadline = time.monotonic() + 120
+        while client.recovered_after(0) is None:
+            if time.monotonic() > deadline:
+                return {"fault": name, "recovered": False, "error": "not serving before the fault"}
+            time.sleep(1)
+        fault_at = time.monotonic()
+        make_fault(name, head, worker)
+        while time.monotonic() - fault_at < timeout:
+            seconds = client.recovered_after(fault_at)
+            if seconds is not None:
+                return {"fault": name, "recovered": True, "seconds": round(seconds, 1),
+                        "failed_requests": client.failed_since(fault_at)}  # fmt: skip
+            time.sleep(1)
+        return {"fault": name, "recovered": False, "seconds": None,
+                "failed_requests": client.failed_since(fault_at)}  # fmt: skip
+    finally:
+        client.halt.set()
+        client.join(timeout=15)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--faults", default=",".join(FAULTS))
+    parser.add_argument("--timeout", type=float, default=600, help="seconds to wait per fault")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    args = parser.parse_args()
+    head, worker = simctl.read_nodes()[:2]
+    results = []
+    print(f"{'fault':16} {'recovered':>9} {'seconds':>8} {'failed requests':>16}", flush=True)
+    for name in [f.strip() for f in args.faults.split(",") if f.strip()]:
+        result = drill(name, head, worker, args.timeout)
+        results.append(result)
+        print(f"{name:16} {str(result['recovered']):>9} {str(result.get('seconds')):>8} "
+              f"{str(result.get('failed_requests', '-')):>16}", flush=True)  # fmt: skip
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+    return 0 if all(r["recovered"] for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,214 @@
+"""The serving stage on the running pair: the key on every route, secrets kept out of sight,
+and the ranks restarted as one group when a key rotates, a change is refused by vLLM (then
+rolled back) or the ranks fall out of step; the multinode backend stays selectable.
+
+Needs the deployed pair (make demo, or molecule default). Each test leaves the pair serving;
+the module ends with the inventory's own settings deployed again.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+import yaml
+from conftest import ROOT, run_playbook
+
+SERVE = yaml.safe_load((ROOT / "inventories/sim/group_vars/all/serve.yml").read_text())
+KEY = SERVE["vllm_serve_api_key"]
+MODEL = SERVE["vllm_serve_served_model_name"]
+ROTATED = "rotated-sim-key-0123"
+WAIT_TASK = "Wait until the pair serves, watching the head's rank"
+
+
+def base_url(nodes) -> str:
+    return f"http://{nodes[0].mgmt_ip}:8000"
+
+
+def request(url: str, key: str | None = None, body: dict | None = None, method: str | None = None,
+            timeout: float = 30) -> tuple[int, bytes]:  # fmt: skip
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method=method)
+    if data is not None:
+        req.add_header("Content-Type", "application/json")
+    if key:
+        req.add_header("Authorization", f"Bearer {key}")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as answer:
+            return answer.status, answer.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+    except (urllib.error.URLError, OSError):
+        return 0, b""
+
+
+def complete(nodes, key: str, timeout: float = 30) -> bool:
+    body = {"model": MODEL, "prompt": "spark", "max_tokens": 1}
+    status, raw = request(f"{base_url(nodes)}/v1/completions", key, body, timeout=timeout)
+    return status == 200 and json.loads(raw)["usage"]["completion_tokens"] == 1
+
+
+class Client(threading.Thread):
+    """Asks for one token every half second with any of the keys; records when it worked."""
+
+    def __init__(self, nodes, keys: list[str]):
+        super().__init__(daemon=True)
+        self.nodes, self.keys = nodes, keys
+        self.ok: list[float] = []
+        self.failed = 0
+        self.stop = threading.Event()
+
+    def run(self):
+        while not self.stop.is_set():
+            if any(complete(self.nodes, key, timeout=10) for key in self.keys):
+                self.ok.append(time.monotonic())
+            else:
+                self.failed += 1
+            time.sleep(0.5)
+
+    def longest_gap(self) -> float:
+        gaps = [b - a for a, b in zip(self.ok, self.ok[1:], strict=False)]
+        return max(gaps, default=float("inf"))
+
+    def __enter__(self):
+        self.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.join(timeout=30)
+
+
+def vllm_start_seconds(run) -> float:
+    """How long the restarted group took to serve, as the serving role measured it."""
+    waits = [r for name, _h, r in run.results() if name == WAIT_TASK and "seconds" in r]
+    assert waits, "the run restarted nothing"
+    return waits[-1]["seconds"]
+
+
+def serve(*extra: str):
+    return run_playbook("deploy.yml", "--tags", "serve", *extra)
+
+
+@pytest.fixture(scope="module")
+def deployed(sim, nodes):
+    """The pair serving with the inventory's settings, before and after this module."""
+    if not complete(nodes, KEY):
+        run = serve()
+        assert run.rc == 0, run.failures() or run.raw[-3000:]
+    yield
+    run = serve()
+    assert run.rc == 0, run.failures() or run.raw[-3000:]
+    assert complete(nodes, KEY)
+
+
+def sh(host, command: str) -> str:
+    result = host.run(f"sudo sh -c {shlex.quote(command)}")
+    assert result.rc == 0, result.stderr
+    return result.stdout
+
+
+def routes(host) -> list[tuple[str, str]]:
+    """(path, method) of every route the serving vLLM logged at start."""
+    found = {}
+    for line in sh(host, "docker logs dgx-spark-vllm 2>&1").splitlines():
+        match = re.search(r"Route: (\S+), Methods: ([A-Z, ]+)", line)
+        if match and "{" not in match.group(1):
+            methods = [m.strip() for m in match.group(2).split(",")]
+            found[match.group(1)] = "GET" if "GET" in methods else methods[0]
+    return sorted(found.items())
+
+
+def test_every_route_but_health_needs_the_key(deployed, hosts, nodes):
+    table = []
+    for path, method in routes(hosts["spark-1"]):
+        body = {} if method == "POST" else None
+        without, _ = request(base_url(nodes) + path, None, body, method)
+        with_key, _ = request(base_url(nodes) + path, KEY, body, method)
+        table.append((path, method, without, with_key))
+    print("\nroute, method, status without the key, status with it")
+    for row in table:
+        print(*row, sep="\t")
+    assert len(table) >= 20, table
+    assert all(w == 401 for p, _m, w, _k in table if p != "/health"), table
+    assert all(k != 401 for _p, _m, _w, k in table), table
+    assert [w for p, _m, w, _k in table if p == "/health"] == [200]
+
+
+def test_secrets_stay_out_of_arguments_environments_and_inspect(deployed, hosts):
+    token = sh(hosts["spark-1"], "cat /etc/dgx-spark/ray/token").strip()
+    assert len(token) >= 32
+    for name, host in hosts.items():
+        # Every process of the node (the containers' included): arguments and environment.
+        seen = sh(host, "cat /proc/[0-9]*/cmdline /proc/[0-9]*/environ 2>/dev/null || true")
+        inspect = sh(host, "docker inspect $(docker ps -aq)")
+        for secret in (KEY, token):
+            assert secret not in seen, f"{name}: a secret in a process's arguments or environment"
+            assert secret not in inspect, f"{name}: a secret in docker inspect"
+        assert "RayWorkerProc" in sh(host, "docker top dgx-spark-ray -eo pid,args"), name
+        modes = sh(host, "stat -c '%a %n' /etc/dgx-spark/ray /etc/dgx-spark/ray/token "
+                         "/var/lib/dgx-spark/ray")  # fmt: skip
+        assert modes.split()[::2] == ["700", "600", "700"], modes
+    auth = sh(hosts["spark-1"], "stat -c '%a' /etc/dgx-spark/vllm /etc/dgx-spark/vllm/*/auth.json")
+    assert auth.split() == ["700", "600"]
+
+
+def test_a_rerun_repairs_ranks_out_of_step(deployed, hosts, nodes):
+    # The worker's rank freezes: every container still runs, the pair answers nothing.
+    pid = sh(hosts["spark-2"], "pgrep -f 'ray::RayWorkerProc' | head -1").strip()
+    sh(hosts["spark-2"], f"kill -STOP {pid}")
+    assert not complete(nodes, KEY, timeout=10)
+    started = time.monotonic()
+    run = serve()
+    seconds = time.monotonic() - started
+    assert run.rc == 0, run.failures() or run.raw[-3000:]
+    reasons = [r.get("msg", "") for name, _h, r in run.results()
+               if name == "Say why the serving group restarts"]  # fmt: skip
+    assert reasons and "did not serve" in reasons[0], reasons
+    assert complete(nodes, KEY)
+    print(f"\nout of step: the rerun served again in {seconds:.0f}s "
+          f"(vLLM start {vllm_start_seconds(run):.0f}s)")  # fmt: skip
+
+
+def test_a_key_rotation_restarts_the_group_once(deployed, nodes):
+    with Client(nodes, [KEY, ROTATED]) as client:
+        time.sleep(2)
+        run = serve("-e", f"vllm_serve_api_key={ROTATED}")
+        time.sleep(3)
+    assert run.rc == 0, run.failures() or run.raw[-3000:]
+    assert complete(nodes, ROTATED) and not complete(nodes, KEY)
+    start = vllm_start_seconds(run)
+    gap = client.longest_gap()
+    print(f"\nkey rotation: downtime {gap:.0f}s, vLLM start {start:.0f}s, "
+          f"{client.failed} failed requests, run {run.seconds:.0f}s")  # fmt: skip
+    assert gap <= start + 15, (gap, start)
+
+
+def test_a_setting_only_vllm_refuses_is_rolled_back(deployed, nodes):
+    # 100000 tokens is more than the tiny model's positions: only vLLM knows that.
+    with Client(nodes, [ROTATED]) as client:
+        run = serve("-e", f"vllm_serve_api_key={ROTATED}", "-e", "vllm_serve_max_model_len=100000")
+        time.sleep(3)
+    assert run.rc != 0
+    message = " ".join(run.failures())
+    assert "max_model_len" in message, message
+    assert "Rolled back" in message and "serve again" in message, message
+    assert complete(nodes, ROTATED)
+    gap = client.longest_gap()
+    print(f"\nrolled back: downtime {gap:.0f}s, failed requests {client.failed}; {message[:400]}")
+    assert gap <= 2 * vllm_start_seconds(run) + 30
+
+
+def test_the_multinode_backend_stays_selectable(deployed, hosts, nodes):
+    run = serve("-e", "vllm_serve_backend=multinode")
+    assert run.rc == 0, run.failures() or run.raw[-3000:]
+    assert complete(nodes, KEY)
+    for rank, name in enumerate(["spark-1", "spark-2"]):
+        top = sh(hosts[name], "docker top dgx-spark-vllm -eo pid,args")
+        assert f"--node-rank {rank}" in top, top
