@@ -159,15 +159,73 @@ def test_first_run_pushes_over_the_fast_link(first_run, nodes):
     assert head.name not in synced
 
 
-def test_rerun_changes_nothing_and_moves_zero_bytes(first_run, nodes):
+HEAD_TASK = "Describe and check the head's copy"
+WORKER_TASK = "Verify the worker's copy against the head's manifest"
+
+
+def hashed(report: dict) -> dict[str, tuple[int, int]]:
+    """(files read and checksummed, files vouched for by the record) per node; the head's
+    check runs once, on the head, which is the first node."""
+    return {
+        host: (res["hashed"], res["reused"])
+        for task in (HEAD_TASK, WORKER_TASK)
+        for host, res in results(report, task).items()
+        if "hashed" in res
+    }
+
+
+def test_first_placement_is_checksummed_and_recorded(first_run, hosts, nodes, tiny):
+    files = len(sha256_tree(tiny))
+    counts = sorted(hashed(first_run).values())
+    assert counts == [(files, 0)] * len(nodes), counts
+    for name, host in hosts.items():
+        record = host.check_output(f"sudo cat {BASE}/plain/.verified/tiny-qwen3-moe.json")
+        record = json.loads(record)
+        assert sorted(record["files"]) == sorted(sha256_tree(tiny)), name
+        assert all("sha256" in e and "mtime_ns" in e for e in record["files"].values()), name
+
+
+def test_rerun_changes_nothing_and_moves_zero_bytes(first_run, nodes, tiny):
     again = run_playbook("-e", f"model_cache_dir={BASE}/plain")
     assert again["rc"] == 0, failures(again)
     assert changed(again) == {n.name: 0 for n in nodes}
+    # Sizes and modification times only: nothing is read again.
+    files = len(sha256_tree(tiny))
+    assert sorted(hashed(again).values()) == [(0, files)] * len(nodes)
     for worker in nodes[1:]:
         stats = sync_stats(again, worker.name)
         assert stats["Literal data"] == 0, stats
         assert stats["Total transferred file size"] == 0, stats
         assert stats["Number of regular files transferred"] == 0, stats
+
+
+def test_checksum_on_request_reads_every_file_again(first_run, nodes, tiny):
+    asked = run_playbook("-e", f"model_cache_dir={BASE}/plain", "-e", "model_cache_verify=checksum")
+    assert asked["rc"] == 0, failures(asked)
+    assert changed(asked) == {n.name: 0 for n in nodes}
+    files = len(sha256_tree(tiny))
+    assert sorted(hashed(asked).values()) == [(files, 0)] * len(nodes)
+
+
+def test_a_changed_file_is_read_again_and_caught(first_run, hosts, nodes, tiny):
+    """Same size, other bytes, a new modification time on the worker: verification alone
+    (no sync) reads that one file again and names it; a full run then puts it right."""
+    worker = nodes[1].name
+    path = f"{BASE}/plain/tiny-qwen3-moe/config.json"
+    hosts[worker].check_output(
+        "sudo python3 -c \"import sys; p = sys.argv[1]; b = bytearray(open(p, 'rb').read()); "
+        f"b[-1] = 32 if b[-1] != 32 else 10; open(p, 'wb').write(bytes(b))\" {path}"
+    )
+    files = len(sha256_tree(tiny))
+    caught = run_playbook("-e", f"model_cache_dir={BASE}/plain", "--tags", "model_cache_verify")
+    assert caught["rc"] != 0
+    (message,) = failures(caught)
+    assert message.startswith(f"{worker}: ") and "SHA-256 differs (1): config.json" in message
+    assert hashed(caught)[worker] == (1, files - 1), hashed(caught)
+    fixed = run_playbook("-e", f"model_cache_dir={BASE}/plain")
+    assert fixed["rc"] == 0, failures(fixed)
+    want = sha256_tree(tiny)["config.json"]
+    assert node_files(hosts[worker], f"{BASE}/plain/tiny-qwen3-moe")["config.json"][0] == want
 
 
 def test_model_bigger_than_memory_fails_before_any_change(hosts, nodes):
