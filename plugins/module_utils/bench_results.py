@@ -55,10 +55,12 @@ def summary_row(result: dict, input_len: int | None = None, output_len: int | No
     concurrency = result.get("max_concurrency")
     row = {
         "concurrency": concurrency,
-        "input_len": input_len if input_len is not None else _mean_len(result.get("input_lens")),
+        "input_len": input_len
+        if input_len is not None
+        else _mean_len(result.get("input_lens"), result.get("total_input_tokens"), completed),
         "output_len": output_len
         if output_len is not None
-        else _mean_len(result.get("output_lens")),
+        else _mean_len(result.get("output_lens"), result.get("total_output_tokens"), completed),
         "num_prompts": result.get("num_prompts"),
         "completed": completed,
         "failed": result.get("failed", 0),
@@ -78,10 +80,13 @@ def summary_row(result: dict, input_len: int | None = None, output_len: int | No
     return row
 
 
-def _mean_len(lengths) -> int | None:
-    if not lengths:
-        return None
-    return round(sum(lengths) / len(lengths))
+def _mean_len(lengths, total, completed) -> int | None:
+    """Mean length per request: from the per-request list (--save-detailed), else the totals."""
+    if lengths:
+        return round(sum(lengths) / len(lengths))
+    if total and completed:
+        return round(total / completed)
+    return None
 
 
 def check_row(row: dict) -> list[str]:

@@ -36,7 +36,7 @@ def _parse_time(value: str | None) -> datetime | None:
 def container_status(inspect: dict | None, now: str) -> dict:
     """State, health, uptime and restarts of one container from its ``docker inspect``."""
     if not inspect:
-        return {"exists": False, "state": "absent", "health": None, "uptime_s": None,
+        return {"exists": False, "state": "absent", "running": False, "health": None, "uptime_s": None,
                 "restarts": None, "image_id": None}  # fmt: skip
     state = inspect.get("State") or {}
     health = (state.get("Health") or {}).get("Status")
@@ -109,6 +109,7 @@ def node_status(
         "serving": container_status(serving, now),
         "ray": container_status(ray, now),
         "image_id": (image or {}).get("Id"),
+        "image_tags": sorted((image or {}).get("RepoTags") or []),
         "memory": mem,
         "disks": disks,
     }
@@ -143,7 +144,7 @@ def cluster_report(nodes: dict, head: str, endpoint: dict | None, ray: dict | No
         serving = node["serving"]
         if serves_here and not serving.get("running"):
             problems.append(
-                f"{name}: serving container {serving.get('name') or settings.get('serving_name')}"
+                f"{name}: serving container {serving.get('name') or settings.get('serving_name', '')}"
                 f" is {serving['state']}"
             )
         if serving.get("health") == "unhealthy":
@@ -151,7 +152,7 @@ def cluster_report(nodes: dict, head: str, endpoint: dict | None, ray: dict | No
         ray_container = node["ray"]
         if settings.get("expect_ray", True) and not ray_container.get("running"):
             problems.append(
-                f"{name}: Ray container {ray_container.get('name') or settings.get('ray_name')}"
+                f"{name}: Ray container {ray_container.get('name') or settings.get('ray_name', '')}"
                 f" is {ray_container['state']}"
             )
         if not node.get("image_id"):
@@ -173,16 +174,21 @@ def cluster_report(nodes: dict, head: str, endpoint: dict | None, ray: dict | No
                 warnings.append(f"{name}: {disk['mount']} is {disk['used_pct']}% full")
         report_nodes[name] = {"role": role, "reachable": True, "serves": serves_here, **node}
 
-    ids = {n.get("image_id") for n in report_nodes.values() if n.get("reachable")}
+    reachable = {n: v for n, v in report_nodes.items() if v.get("reachable")}
+    ids = {v.get("image_id") for v in reachable.values()}
     images_match = len(ids) == 1 and None not in ids
-    if not images_match and len(ids) > 1:
+    # Nodes that each build the image (hybrid_image_mode each_node) get different IDs from
+    # the same inputs; the image's other tags (hybrid_image's input digest) say whether the
+    # builds are the same.
+    builds = {tuple(t for t in v.get("image_tags", []) if t != image) for v in reachable.values()}
+    builds_match = images_match or (len(builds) == 1 and () not in builds)
+    if None not in ids and not builds_match:
         problems.append(
             f"{image} differs across nodes: "
             + ", ".join(
-                f"{n} {_short(v.get('image_id'))}"
-                for n, v in report_nodes.items()
-                if v.get("reachable")
-            )  # fmt: skip
+                f"{n} {_short(v.get('image_id'))} {' '.join(v.get('image_tags', []))}"
+                for n, v in reachable.items()
+            )
         )
 
     endpoint = endpoint or {}
@@ -223,6 +229,8 @@ def cluster_report(nodes: dict, head: str, endpoint: dict | None, ray: dict | No
         "image": image,
         "image_id": next(iter(ids)) if images_match else None,
         "image_ids_match": images_match,
+        "image_builds_match": builds_match,
+        "image_build": ", ".join(next(iter(builds))) if builds_match and len(builds) == 1 else None,
     }
     return {
         "healthy": not problems,
@@ -292,11 +300,14 @@ def render(report: dict) -> list[str]:
                     f"GPUs {ray['gpus_used']:g}/{ray['gpus_total']:g} in use")  # fmt: skip
     else:
         ray_text = ray.get("error") or "-"
-    images = (
-        f"{_short(cluster.get('image_id'))} on every node (match)"
-        if cluster.get("image_ids_match")
-        else "MISMATCH or missing (see nodes)"
-    )
+    if cluster.get("image_ids_match"):
+        images = f"ID {_short(cluster.get('image_id'))} on every node (IDs match)"
+    elif cluster.get("image_builds_match"):
+        images = (
+            f"IDs differ (each node built its own), same build inputs: {cluster.get('image_build')}"
+        )
+    else:
+        images = "MISMATCH or missing (see the nodes)"
     cluster_rows = [
         ["status", verdict],
         ["checked at", str(report.get("checked_at") or "-")],

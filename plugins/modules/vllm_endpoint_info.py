@@ -143,8 +143,8 @@ def _request(url, timeout, headers=None, body=None):
         return status, "", detail
 
 
-def _scrape(base, timeout, model):
-    status, text, error = _request(f"{base}/metrics", timeout)
+def _scrape(base, timeout, model, headers):
+    status, text, error = _request(f"{base}/metrics", timeout, headers=headers)
     if error or status != 200:
         return None, error or f"HTTP {status}"
     try:
@@ -191,7 +191,7 @@ def main():
             model = {"error": error or f"HTTP {status}"}
 
     before_at = time.monotonic()
-    before, metrics_error = _scrape(base, timeout, params["model"])
+    before, metrics_error = _scrape(base, timeout, params["model"], auth)
 
     completion = {"ok": False, "latency_ms": None, "error": "not asked"}
     if params["completion"] and health["ok"]:
@@ -227,7 +227,7 @@ def main():
             if remaining > 0:
                 time.sleep(remaining)
             after_at = time.monotonic()
-            after, metrics_error = _scrape(base, timeout, params["model"])
+            after, metrics_error = _scrape(base, timeout, params["model"], auth)
             if after is not None:
                 probe = completion if completion.get("ok") else None
                 metrics = dict(after)

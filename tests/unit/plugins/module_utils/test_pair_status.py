@@ -11,7 +11,9 @@ from ansible_collections.dgx_spark.cluster.plugins.module_utils import pair_stat
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "operate"
 SETTINGS = {
-    "backend": "multinode",
+    "backend": "ray",
+    "serving_name": "dgx-spark-vllm",
+    "ray_name": "dgx-spark-ray",
     "image": "dgx-spark/vllm-serving:current",
     "served_model_name": "tiny-qwen3-moe",
     "url": "http://172.30.240.11:8000/v1",
@@ -27,7 +29,7 @@ def _load(name):
 
 @pytest.fixture
 def answers():
-    """Both nodes as the status tasks saw them on the healthy simulated pair."""
+    """Both nodes as the status tasks saw them on the healthy simulated pair (ray backend)."""
     return _load("status_answers_sim.json")
 
 
@@ -56,39 +58,60 @@ def test_healthy_pair_is_healthy(answers):
     report = _report(answers)
     assert report["problems"] == []
     assert report["healthy"]
-    assert report["cluster"]["image_ids_match"]
-    assert report["cluster"]["image_id"].startswith("sha256:")
+    assert report["cluster"]["image_builds_match"]
+    assert report["nodes"]["spark-1"]["serving"]["uptime_s"] > 0
+    assert not report["nodes"]["spark-2"]["serving"]["exists"]  # ray backend: ranks in Ray
     for node in report["nodes"].values():
-        assert node["serving"]["running"] and node["ray"]["running"]
-        assert node["serving"]["uptime_s"] > 0
+        assert node["ray"]["running"] and node["ray"]["restarts"] == 0
         assert node["memory"]["total_mb"] > 0
         assert node["disks"][0]["mount"]
 
 
-def test_stopped_worker_serving_container_is_a_problem(answers):
-    stopped = copy.deepcopy(answers)
-    state = stopped["nodes"]["spark-2"]["serving"]["State"]
-    state.update(Running=False, Status="exited", ExitCode=137)
-    report = _report(stopped)
+def _multinode(answers, worker_state):
+    """The pair on the multinode backend: the worker runs a serving container too."""
+    multinode = copy.deepcopy(answers)
+    serving = copy.deepcopy(multinode["nodes"]["spark-1"]["serving"])
+    serving["State"].update(worker_state)
+    multinode["nodes"]["spark-2"]["serving"] = serving
+    return multinode
+
+
+def test_stopped_worker_serving_container_is_a_problem_on_multinode(answers):
+    running = _multinode(answers, {})
+    assert _report(running, settings={"backend": "multinode"})["healthy"]
+    stopped = _multinode(answers, {"Running": False, "Status": "exited", "ExitCode": 137})
+    report = _report(stopped, settings={"backend": "multinode"})
     assert not report["healthy"]
-    assert any(
-        "spark-2: serving container dgx-spark-vllm is exited" in p for p in report["problems"]
-    )
+    assert "spark-2: serving container dgx-spark-vllm is exited" in report["problems"]
+    assert "exited rc=137" in "\n".join(pair_status.render(report))
 
 
 def test_worker_without_serving_container_is_fine_on_the_ray_backend(answers):
-    absent = copy.deepcopy(answers)
-    absent["nodes"]["spark-2"]["serving"] = None
-    assert _report(absent, settings={"backend": "ray"})["healthy"]
-    assert not _report(absent, settings={"backend": "multinode"})["healthy"]
+    assert answers["nodes"]["spark-2"]["serving"] is None
+    assert _report(answers)["healthy"]
+    report = _report(answers, settings={"backend": "multinode"})
+    assert "spark-2: serving container dgx-spark-vllm is absent" in report["problems"]
 
 
-def test_image_mismatch_and_unreachable_node(answers):
+def test_images_built_per_node_match_by_their_inputs(answers):
+    # hybrid_image_mode each_node: every node built its own image from the same inputs.
+    report = _report(answers)
+    images = {n["image_id"] for n in report["nodes"].values()}
+    assert len(images) == 2
+    assert not report["cluster"]["image_ids_match"]
+    assert report["cluster"]["image_builds_match"]
+    assert report["cluster"]["image_build"].startswith("dgx-spark/vllm-serving:")
+
+
+def test_image_of_other_inputs_and_unreachable_node(answers):
     other = copy.deepcopy(answers)
-    other["nodes"]["spark-2"]["image"]["Id"] = "sha256:" + "f" * 64
+    other["nodes"]["spark-2"]["image"]["RepoTags"] = [
+        "dgx-spark/vllm-serving:000000000000",
+        "dgx-spark/vllm-serving:current",
+    ]
     report = _report(other)
     assert any("differs across nodes" in p for p in report["problems"])
-    assert not report["cluster"]["image_ids_match"]
+    assert not report["cluster"]["image_builds_match"]
     gone = copy.deepcopy(answers)
     gone["nodes"]["spark-2"] = None
     report = _report(gone)
@@ -110,7 +133,7 @@ def test_render_has_a_cluster_table_and_a_line_per_node(answers):
     lines = pair_status.render(_report(answers))
     text = "\n".join(lines)
     assert lines[0] == "cluster"
-    assert "HEALTHY" in text and "(match)" in text
+    assert "HEALTHY" in text and "same build inputs" in text
     node_lines = [line for line in lines if line.strip().startswith("spark-")]
     assert len(node_lines) == 2
     assert "running" in node_lines[0]

@@ -1,0 +1,197 @@
+"""Day 2 on the deployed pair: playbooks/status.yml, benchmark.yml and logs.yml.
+
+Needs the pair up and serving (make demo). The last test stops one of the worker's
+containers and starts it again, waiting until the pair serves once more.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+INVENTORY = ROOT / "inventories" / "sim"
+ANSIBLE_BIN = Path(sys.executable).parent
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def playbook(
+    name: str, *extra: str, timeout: int = 600
+) -> tuple[subprocess.CompletedProcess, float]:
+    """Run playbooks/<name> against the sim inventory; (process, wall seconds)."""
+    env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1"}
+    cmd = [str(ANSIBLE_BIN / "ansible-playbook"), "-i", str(INVENTORY), f"playbooks/{name}", *extra]
+    started = time.monotonic()
+    proc = subprocess.run(
+        cmd, cwd=ROOT, env=env, text=True, capture_output=True, timeout=timeout, check=False
+    )
+    wall = time.monotonic() - started
+    assert _secret() not in proc.stdout + proc.stderr, f"{name} printed the API key"
+    return proc, wall
+
+
+_SETTINGS: dict = {}
+
+
+def _secret() -> str:
+    return _SETTINGS["vllm_serve_api_key"]
+
+
+def status(tmp_path: Path, label: str) -> tuple[subprocess.CompletedProcess, dict, float]:
+    path = tmp_path / f"status-{label}.json"
+    proc, wall = playbook("status.yml", "-e", f"status_json={path}")
+    assert path.is_file(), f"status wrote no JSON (rc {proc.returncode}):\n{proc.stdout[-3000:]}"
+    return proc, json.loads(path.read_text()), wall
+
+
+@pytest.fixture(scope="module")
+def serving(ansible):
+    """The pair's settings from the inventory, once its endpoint has proven it serves."""
+    defaults = yaml.safe_load((ROOT / "roles" / "vllm_serve" / "defaults" / "main.yml").read_text())
+    for name in ("vllm_serve_backend", "vllm_serve_api_key", "vllm_serve_port", "ansible_host"):
+        value = ansible("spark-1", "ansible.builtin.debug", f"var={name}")["spark-1"][name]
+        _SETTINGS[name] = defaults[name] if "is undefined" in str(value) else value
+    _SETTINGS["url"] = f"http://{_SETTINGS['ansible_host']}:{_SETTINGS['vllm_serve_port']}"
+    if not _completes(_SETTINGS["url"]):
+        pytest.fail("the pair does not serve: run `make demo` first")
+    return _SETTINGS["vllm_serve_backend"]
+
+
+def _completes(url: str) -> bool:
+    """Whether the endpoint answers a one-token completion (the key never leaves the test)."""
+    request = urllib.request.Request(
+        f"{url}/v1/completions",
+        data=json.dumps({"model": "tiny-qwen3-moe", "prompt": "Hi", "max_tokens": 1}).encode(),
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {_secret()}"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            return answer.status == 200
+    except OSError:
+        return False
+
+
+def test_status_reports_a_healthy_pair(serving, tmp_path):
+    proc, report, wall = status(tmp_path, "healthy")
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert report["healthy"], report["problems"]
+    cluster = report["cluster"]
+    assert cluster["backend"] == serving
+    # Same image on every node: one ID, or (each node built its own) the same build inputs.
+    assert cluster["image_ids_match"] or cluster["image_builds_match"]
+    assert all(n["image_id"].startswith("sha256:") for n in report["nodes"].values())
+    assert cluster["health"]["ok"] and cluster["completion"]["latency_ms"] > 0
+    assert cluster["model"]["id"] == "tiny-qwen3-moe"
+    assert cluster["ray"]["alive_nodes"] == 2 and cluster["ray"]["gpus_total"] == 2
+    metrics = cluster["metrics"]
+    for key in ("running", "waiting", "kv_cache_usage_pct", "prompt_tokens_per_s"):
+        assert metrics[key] is not None, key
+    for name, node in report["nodes"].items():
+        assert node["ray"]["running"], name
+        assert node["memory"]["total_mb"] > 0 and node["disks"], name
+    assert report["nodes"]["spark-1"]["serving"]["running"]
+    assert "HEALTHY" in proc.stdout and "spark-2  worker" in proc.stdout
+    print(f"\nstatus wall time: {wall:.1f} s")
+    assert wall < 30, f"status took {wall:.1f} s"
+
+
+def test_benchmark_results_hang_together(serving, tmp_path):
+    results = tmp_path / "results"
+    proc, wall = playbook("benchmark.yml", "-e", f"operate_benchmark_results_dir={results}")
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    assert "run 1/3: concurrency 1" in proc.stdout  # progress is shown run by run
+    (first,) = results.iterdir()
+    runs = {p.name: json.loads(p.read_text()) for p in first.glob("c*-in*-out*.json")}
+    assert sorted(runs) == ["c1-in96-out24.json", "c2-in96-out24.json", "c4-in96-out24.json"]
+    rows = list(csv.DictReader((first / "summary.csv").open()))
+    assert [int(r["concurrency"]) for r in rows] == [1, 2, 4]
+    for row in rows:
+        raw = runs[f"c{row['concurrency']}-in96-out24.json"]
+        assert raw["max_concurrency"] == int(row["concurrency"])
+        assert raw["completed"] == raw["num_prompts"] == int(row["completed"]) > 0
+        assert raw["failed"] == 0
+        assert raw["total_output_tokens"] == raw["completed"] * 24
+        assert float(row["output_throughput"]) == pytest.approx(raw["output_throughput"], abs=0.01)
+        assert raw["output_throughput"] == pytest.approx(
+            raw["total_output_tokens"] / raw["duration"], rel=0.01
+        )
+        for metric in ("ttft", "itl"):
+            p50, p99 = float(row[f"p50_{metric}_ms"]), float(row[f"p99_{metric}_ms"])
+            assert 0 < p50 <= p99
+            assert p99 == pytest.approx(raw[f"p99_{metric}_ms"], abs=0.01)
+    for name in ("throughput.png", "ttft.png", "itl.png"):
+        assert (first / name).read_bytes().startswith(PNG), name
+    print(f"\nbenchmark wall time: {wall:.1f} s\n" + (first / "summary.csv").read_text())
+
+    # A second, shorter sweep plotted against the first.
+    proc, _ = playbook(
+        "benchmark.yml",
+        "-e", f"operate_benchmark_results_dir={results}",
+        "-e", '{"operate_benchmark_concurrency": [1, 2]}',
+        "-e", f"benchmark_compare={first}",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    (second,) = [p for p in results.iterdir() if p != first]
+    assert (second / "compare.png").read_bytes().startswith(PNG)
+
+
+def test_logs_archive_holds_both_nodes(serving, tmp_path):
+    proc, _ = playbook(
+        "logs.yml", "-e", f"operate_logs_dir={tmp_path}", "-e", "operate_logs_lines=50"
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    (archive,) = tmp_path.glob("dgx-spark-logs-*.tar.gz")
+    with tarfile.open(archive) as tar:
+        members = {
+            m.name.split("/", 1)[1]: tar.extractfile(m).read().decode() for m in tar if m.isfile()
+        }
+    for node in ("spark-1", "spark-2"):
+        for name in ("dgx-spark-ray.log", "docker-inspect.json", "ray-status.txt", "comm.env"):
+            assert f"{node}/{name}" in members, f"{node}/{name} missing: {sorted(members)}"
+        assert "Active:" in members[f"{node}/ray-status.txt"]
+        assert "VLLM_HOST_IP=" in members[f"{node}/comm.env"]
+        inspect = json.loads(members[f"{node}/docker-inspect.json"])
+        assert {c["Name"] for c in inspect} >= {"/dgx-spark-ray"}
+    assert "spark-1/dgx-spark-vllm.log" in members
+    assert not [name for name, text in members.items() if _secret() in text]
+
+
+def _wait_until_serving(timeout: int) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if _completes(_SETTINGS["url"]):
+            return True
+        time.sleep(5)
+    return False
+
+
+def test_status_fails_when_a_worker_rank_stops(serving, hosts, tmp_path):
+    # The worker's rank lives in its serving container (multinode) or its Ray container (ray).
+    container = "dgx-spark-vllm" if serving == "multinode" else "dgx-spark-ray"
+    worker = hosts["spark-2"]
+    assert worker.run(f"sudo docker stop {container}").rc == 0
+    try:
+        proc, report, _ = status(tmp_path, "stopped")
+        assert proc.returncode != 0
+        assert not report["healthy"]
+        assert any(p.startswith("spark-2: ") and "exited" in p for p in report["problems"])
+        assert "UNHEALTHY" in proc.stdout
+    finally:
+        worker.run_expect([0], f"sudo docker start {container}")
+        if not _wait_until_serving(timeout=240):
+            # The head gave up on the lost rank: start the stage again as deploy.yml would.
+            for stage in ("ray.yml", "serve.yml"):
+                restored, _ = playbook(stage, timeout=600)
+                assert restored.returncode == 0, restored.stdout[-3000:]
+    proc, report, _ = status(tmp_path, "restored")
+    assert report["healthy"], report["problems"]

@@ -1,0 +1,44 @@
+"""plugins/module_utils/ray_status.py on `ray status` output captured on the simulated pair."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from ansible_collections.dgx_spark.cluster.plugins.module_utils import ray_status
+
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "operate"
+
+
+@pytest.mark.parametrize(
+    ("fixture", "alive", "gpus_used", "gpus_total"),
+    [
+        # vLLM's Ray executor holds both GPUs in its placement group.
+        ("ray_status_placement_group.txt", 2, 2.0, 2.0),
+        # `ray status -v` (the logs archive): per-node sections must not replace the totals.
+        ("ray_status_verbose.txt", 2, 0.0, 2.0),
+        # The worker's Ray container stopped: one node left.
+        ("ray_status_one_node.txt", 1, None, 1.0),
+    ],
+)
+def test_alive_nodes_and_gpus(fixture, alive, gpus_used, gpus_total):
+    parsed = ray_status.parse((FIXTURES / fixture).read_text())
+    assert parsed["parsed"]
+    assert parsed["alive_nodes"] == alive
+    assert len(parsed["node_ids"]) == alive
+    assert parsed["pending_nodes"] == 0
+    assert parsed["gpus_total"] == gpus_total
+    if gpus_used is not None:
+        assert parsed["gpus_used"] == gpus_used
+    assert parsed["resources"]["CPU"]["total"] > 0
+    assert parsed["resources"]["memory"]["unit"] == "GiB"
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["", "ConnectionError: Could not find any running Ray instance.\n", "Error: token missing"],
+)
+def test_text_without_node_status_is_not_parsed(text):
+    parsed = ray_status.parse(text)
+    assert not parsed["parsed"]
+    assert parsed["alive_nodes"] == 0

@@ -1,0 +1,108 @@
+"""plugins/modules/vllm_endpoint_info.py against a stand-in server that answers with the
+/metrics text captured from vLLM 0.32 on the pair."""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from ansible_collections.dgx_spark.cluster.plugins.modules import vllm_endpoint_info as mod
+from support.modules import run_module
+
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "operate"
+KEY = "test-key"
+MODEL = "tiny-qwen3-moe"
+
+
+class StandIn(BaseHTTPRequestHandler):
+    """/health, /v1/models and /v1/completions behind a key; /metrics idle, then loaded."""
+
+    scrapes: list[str] = []
+    broken_completion = False
+
+    def log_message(self, *args):  # keep pytest's output clean
+        pass
+
+    def _send(self, status, body, content_type="application/json"):
+        data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _authorized(self):
+        return self.headers.get("Authorization") == f"Bearer {KEY}"
+
+    def do_GET(self):
+        if self.path == "/health":
+            self._send(200, "")
+        elif self.path == "/metrics":
+            name = self.scrapes.pop(0) if len(self.scrapes) > 1 else self.scrapes[0]
+            self._send(200, (FIXTURES / name).read_text(), "text/plain")
+        elif self.path == "/v1/models":
+            if not self._authorized():
+                self._send(401, {"error": "Unauthorized"})
+                return
+            data = [{"id": MODEL, "root": "/var/lib/dgx-spark/models/tiny", "max_model_len": 512}]
+            self._send(200, {"object": "list", "data": data})
+        else:
+            self._send(404, {"error": "not found"})
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if self.path != "/v1/completions" or not self._authorized():
+            self._send(401, {"error": "Unauthorized"})
+        elif self.broken_completion:
+            self._send(500, {"error": {"message": "EngineCore encountered an issue."}})
+        else:
+            assert body["max_tokens"] == 1 and body["model"] == MODEL
+            usage = {"prompt_tokens": 2, "completion_tokens": 1, "total_tokens": 3}
+            self._send(200, {"choices": [{"text": "x"}], "usage": usage})
+
+
+@pytest.fixture
+def server():
+    StandIn.scrapes = ["metrics_vllm_0.32_idle.txt", "metrics_vllm_0.32_after_bench.txt"]
+    StandIn.broken_completion = False
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), StandIn)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+
+
+def test_a_serving_endpoint(server, capsys):
+    code, out = run_module(
+        mod, {"url": server, "api_key": KEY, "model": MODEL, "metrics_interval": 0.2}, capsys
+    )
+    assert code == 0 and out["changed"] is False
+    assert out["health"]["ok"]
+    assert out["models"] == [MODEL]
+    assert out["model"]["root"] == "/var/lib/dgx-spark/models/tiny"
+    assert out["completion"]["ok"] and out["completion"]["latency_ms"] > 0
+    metrics = out["metrics"]
+    assert metrics["running"] == 0 and metrics["requests_finished"] > 0
+    assert metrics["generation_tokens_per_s"] > 0 and metrics["interval_s"] >= 0.2
+    assert KEY not in json.dumps(out)
+
+
+def test_a_wrong_key_and_a_broken_engine_are_reported_not_fatal(server, capsys):
+    code, out = run_module(mod, {"url": server, "api_key": "wrong", "model": MODEL}, capsys)
+    assert code == 0
+    assert out["health"]["ok"] and out["models"] == []
+    assert not out["completion"]["ok"] and "401" in out["completion"]["error"]
+    StandIn.broken_completion = True
+    code, out = run_module(mod, {"url": server, "api_key": KEY, "model": MODEL}, capsys)
+    assert not out["completion"]["ok"] and "EngineCore" in out["completion"]["error"]
+
+
+def test_nothing_listening(capsys):
+    code, out = run_module(mod, {"url": "http://127.0.0.1:9", "timeout": 2}, capsys)
+    assert code == 0
+    assert not out["health"]["ok"] and out["health"]["error"]
+    assert out["completion"]["ok"] is False
+    assert "error" in out["metrics"]
