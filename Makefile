@@ -7,7 +7,7 @@ BIN     := $(VENV)/bin
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 
-.PHONY: help venv lint unit sim-up sim-down sim-clean sim-test molecule test demo teardown build
+.PHONY: help bootstrap venv lint unit sim-up sim-down sim-clean sim-test molecule test demo teardown build
 
 help:
 	@echo "make demo      bring the simulated pair up and run deploy.yml on it"
@@ -16,6 +16,11 @@ help:
 	@echo "make sim-up    start (or refresh) the simulated pair"
 	@echo "make sim-down  remove the pair's containers, networks and volumes"
 	@echo "make sim-clean sim-down plus the sim's images and keys"
+	@echo "make bootstrap install and start what a fresh Debian/Ubuntu machine lacks (asks first)"
+
+# Docker Engine (running), debootstrap, the OpenSSH client, rsync, Python's venv.
+bootstrap:
+	tools/bootstrap.sh
 
 $(VENV)/.installed: requirements.txt
 	python3 -m venv $(VENV)
@@ -53,10 +58,13 @@ molecule: sim-up
 	$(BIN)/molecule test -s images
 	$(BIN)/molecule test -s default
 
-test: lint unit sim-test molecule
+test: bootstrap
+	$(MAKE) lint unit sim-test molecule
 
-demo: sim-up
+demo: bootstrap
+	$(MAKE) sim-up
 	$(BIN)/ansible-playbook -i inventories/sim deploy.yml
+	@echo "Note: the simulated pair serves a tiny model with random weights (--load-format dummy), so the completion above is noise: it proves the path through both nodes, not a model."
 
 teardown: venv
 	$(BIN)/ansible-playbook -i inventories/sim playbooks/teardown.yml
