@@ -3,7 +3,9 @@
 
 A client asks the endpoint for one token every half second while a fault is made; for each
 fault the script prints the time from the fault to the first of three consecutive good
-completions, and how many requests failed meanwhile. Nothing but the fault is done: no
+completions (counted only after the fault's own action is complete: a node restart, the 30 s
+of a dropped link, the later node's start after a power cut), that time measured from the
+end of the fault's action, and how many requests failed meanwhile. Nothing but the fault is done: no
 playbook runs, so what comes back is what the pair does by itself (Docker's restart
 policies, Ray's membership, vLLM's executor).
 
@@ -154,13 +156,18 @@ def drill(name: str, head, worker, timeout: float) -> dict:
             time.sleep(1)
         fault_at = time.monotonic()
         make_fault(name, head, worker)
-        while time.monotonic() - fault_at < timeout:
-            seconds = client.recovered_after(fault_at)
+        # Answers during the fault's own action (a node's stop grace period, say) say
+        # nothing about recovery: count from the moment the fault is complete.
+        done_at = time.monotonic()
+        while time.monotonic() - done_at < timeout:
+            seconds = client.recovered_after(done_at)
             if seconds is not None:
-                return {"fault": name, "recovered": True, "seconds": round(seconds, 1),
+                return {"fault": name, "recovered": True,
+                        "seconds": round(seconds + done_at - fault_at, 1),
+                        "after_fault_done": round(seconds, 1),
                         "failed_requests": client.failed_since(fault_at)}  # fmt: skip
             time.sleep(1)
-        return {"fault": name, "recovered": False, "seconds": None,
+        return {"fault": name, "recovered": False, "seconds": None, "after_fault_done": None,
                 "failed_requests": client.failed_since(fault_at)}  # fmt: skip
     finally:
         client.halt.set()
@@ -177,11 +184,13 @@ def main() -> int:
     args = parser.parse_args()
     head, worker = simctl.read_nodes()[:2]
     results = []
-    print(f"{'fault':16} {'recovered':>9} {'seconds':>8} {'failed requests':>16}", flush=True)
+    print(f"{'fault':16} {'recovered':>9} {'seconds':>8} {'after fault':>12} {'failed requests':>16}",
+          flush=True)  # fmt: skip
     for name in [f.strip() for f in args.faults.split(",") if f.strip()]:
         result = drill(name, head, worker, args.timeout)
         results.append(result)
         print(f"{name:16} {str(result['recovered']):>9} {str(result.get('seconds')):>8} "
+              f"{str(result.get('after_fault_done')):>12} "
               f"{str(result.get('failed_requests', '-')):>16}", flush=True)  # fmt: skip
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")

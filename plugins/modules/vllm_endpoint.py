@@ -108,13 +108,14 @@ text:
   type: str
 """
 
-import json
-import time
-import urllib.error
-import urllib.request
+# Ansible's layout puts the documentation before the imports, hence the noqa: E402.
+import json  # noqa: E402
+import time  # noqa: E402
+import urllib.error  # noqa: E402
+import urllib.request  # noqa: E402
 
-from ansible.module_utils.basic import AnsibleModule, missing_required_lib
-from ansible_collections.dgx_spark.cluster.plugins.module_utils import vllm_health
+from ansible.module_utils.basic import AnsibleModule, missing_required_lib  # noqa: E402
+from ansible_collections.dgx_spark.cluster.plugins.module_utils import vllm_health  # noqa: E402
 
 try:
     import docker

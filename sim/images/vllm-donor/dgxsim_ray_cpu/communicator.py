@@ -10,7 +10,6 @@ import os
 import socket
 
 import torch
-
 from vllm.distributed.device_communicators.cpu_communicator import CpuCommunicator
 
 

@@ -1,7 +1,6 @@
 """The CPU platform with a Ray resource per rank and a host-scoped device communicator."""
 
 import torch
-
 from vllm.platforms.cpu import CpuPlatform
 
 # vLLM's AMX kernels run in OpenMP threads that Linux lets use AMX tiles only after the
