@@ -184,7 +184,8 @@ def main() -> int:
     args = parser.parse_args()
     head, worker = simctl.read_nodes()[:2]
     results = []
-    print(f"{'fault':16} {'recovered':>9} {'seconds':>8} {'after fault':>12} {'failed requests':>16}",
+    header = ("fault", "recovered", "seconds", "after fault", "failed requests")
+    print(f"{header[0]:16} {header[1]:>9} {header[2]:>8} {header[3]:>12} {header[4]:>16}",
           flush=True)  # fmt: skip
     for name in [f.strip() for f in args.faults.split(",") if f.strip()]:
         result = drill(name, head, worker, args.timeout)
