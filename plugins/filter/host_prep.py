@@ -52,6 +52,7 @@ def host_prep_comm_env(links, fast_ip, extra=None):
 
 _CHECKS = {
     "addresses": link_checks.check_addresses,
+    "address_facts": link_checks.check_address_facts,
     "link": link_checks.check_link,
     "roce": link_checks.check_roce,
     "rdma": link_checks.check_ib_write_bw,
@@ -67,7 +68,8 @@ def host_prep_check(text, check, *args, **kwargs):
             f"host_prep_check: unknown check {check!r}; one of {sorted(_CHECKS)}"
         )
     try:
-        return _CHECKS[check](str(text), *args, **kwargs)
+        data = dict(text) if check == "address_facts" else str(text)
+        return _CHECKS[check](data, *args, **kwargs)
     except link_checks.CheckOutputError as exc:
         return {
             "check": check,

@@ -77,6 +77,40 @@ def check_addresses(ip_json: str, links: list[dict], mtu: int) -> dict:
     return _result("addresses", True, "; ".join(seen))
 
 
+def check_address_facts(facts: dict, links: list[dict], mtu: int) -> dict:
+    """Gathered network facts (``setup``, subset network): as ``check_addresses``.
+
+    ``facts`` is ``ansible_facts`` (keys with or without the ``ansible_`` prefix).
+    """
+    facts = {str(k).removeprefix("ansible_"): v for k, v in (facts or {}).items()}
+    names = facts.get("interfaces")
+    if not isinstance(names, list):
+        raise CheckOutputError("no gathered network facts (setup with gather_subset network)")
+    problems, seen = [], []
+    for link in links:
+        netdev = link["netdev"]
+        iface = facts.get(netdev.replace("-", "_").replace(".", "_")) if netdev in names else None
+        if not isinstance(iface, dict):
+            problems.append(f"{netdev}: no such interface")
+            continue
+        have = [
+            f"{a.get('address')}/{a.get('prefix')}"
+            for a in [iface.get("ipv4") or {}, *(iface.get("ipv4_secondaries") or [])]
+            if a.get("address")
+        ]
+        state = "UP" if iface.get("active") else "DOWN"
+        if iface.get("mtu") != int(mtu):
+            problems.append(f"{netdev}: MTU {iface.get('mtu')}, expected {int(mtu)}")
+        if link["address"] not in have:
+            problems.append(f"{netdev}: {link['address']} not configured (has {have or 'none'})")
+        if state != "UP":
+            problems.append(f"{netdev}: {state}")
+        seen.append(f"{netdev} {link['address']} MTU {iface.get('mtu')} {state}")
+    if problems:
+        return _result("addresses", False, "; ".join(problems))
+    return _result("addresses", True, "; ".join(seen))
+
+
 # --------------------------------------------------------------------------- ethtool
 
 _ETHTOOL_NAME = re.compile(r"^Settings for (\S+):\s*$", re.M)

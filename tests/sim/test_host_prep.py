@@ -345,6 +345,8 @@ def test_hardware_path_with_stand_ins(runs, ansible, hosts, sim, tmp_path):
         # docker.io is installed: nothing for apt to fetch.
         *("-e", "host_prep_nvidia_runtime_package=docker.io"),
         *("-e", "host_prep_rdma_package=docker.io"),
+        # The pair's Docker has no nvidia runtime; runc stands in for it.
+        *("-e", "host_prep_nvidia_runtime=runc"),
         *("-e", "host_prep_rdma_duration_s=1"),
         # The trust phase is the same as in the real run above.
         *("--skip-tags", "host_prep_trust"),

@@ -463,3 +463,36 @@ def test_link_record_round_trip():
     assert record["fingerprint"] == lc.settings_fingerprint(json.loads(json.dumps(SETTINGS)))
     for text in ("", None, "{", "[]", '{"format": 2, "settings": {}}', '{"format": 1}'):
         assert lc.read_link_record(text) is None
+
+
+# --------------------------------------------------------------------------- gathered facts
+
+FACTS = json.loads(fixture("setup_network_sim.json"))
+FAST = [{"netdev": "eth0", "address": "172.30.241.11/24"}]
+
+
+def test_address_facts_pass():
+    result = lc.check_address_facts(FACTS, FAST, 9000)
+    assert result["passed"] is True
+    assert result["message"] == "eth0 172.30.241.11/24 MTU 9000 UP"
+
+
+@pytest.mark.parametrize(
+    ("links", "mtu", "words"),
+    [
+        (FAST, 1500, "eth0: MTU 9000, expected 1500"),
+        ([{"netdev": "eth0", "address": "172.30.241.99/24"}], 9000,
+         "eth0: 172.30.241.99/24 not configured (has ['172.30.241.11/24'])"),
+        ([{"netdev": "enp1s0f1np1", "address": "198.51.100.11/24"}], 9000,
+         "enp1s0f1np1: no such interface"),
+        ([{"netdev": "docker0", "address": "172.17.0.1/16"}], 1500, "docker0: DOWN"),
+    ],
+)  # fmt: skip
+def test_address_facts_fail(links, mtu, words):
+    result = lc.check_address_facts(FACTS, links, mtu)
+    assert result["passed"] is False and words in result["message"]
+
+
+def test_address_facts_need_gathered_facts():
+    with pytest.raises(lc.CheckOutputError, match="gathered network facts"):
+        lc.check_address_facts({}, FAST, 9000)
