@@ -47,6 +47,7 @@ import importlib
 import importlib.util
 import json
 import os
+import platform
 import sys
 
 # python -c puts the working directory first; vLLM's launcher does not, so drop it.
@@ -99,6 +100,7 @@ doc = {
     "model_dirs": list(MODEL_DIRS),
     "model_files": [],
     "sys_path": [p for p in sys.path if p],
+    "platform": {"machine": platform.machine(), "libc": list(platform.libc_ver())},
 }
 if doc["versions"]["vllm"] is None:
     dist = package_distribution("vllm")
@@ -133,6 +135,18 @@ if locations:
                 if name.endswith(".py"):
                     files.append(os.path.relpath(os.path.join(base, name), root))
     doc["model_files"] = sorted(f.replace(os.sep, "/") for f in files)
+
+modules = {}
+for name in REQUEST.get("modules") or []:
+    try:
+        module = importlib.import_module(name)
+    except BaseException as exc:
+        modules[name] = {"version": None, "error": describe(exc)}
+    else:
+        found = getattr(module, "__version__", None)
+        modules[name] = {"version": None if found is None else str(found), "error": None}
+if REQUEST.get("modules") is not None:
+    doc["modules"] = modules
 
 wanted = REQUEST.get("import")
 if wanted is not None and doc["vllm_path"]:
@@ -201,13 +215,16 @@ def python_candidates(image_env: list[str] | None, python: str | None = None) ->
     return found
 
 
-def probe_request(mode: str, architectures: list[str]) -> str:
-    """The JSON argument for ``PROBE_SOURCE``: imports only in ``import`` mode."""
+def probe_request(mode: str, architectures: list[str], modules: list[str] | None = None) -> str:
+    """The JSON argument for ``PROBE_SOURCE``: architectures are imported only in ``import``
+    mode; ``modules`` (top-level modules, e.g. ``ray``) are imported in either mode."""
     if mode not in ("static", "import"):
         raise ValueError(f"unknown mode {mode!r}")
     request: dict[str, object] = {}
     if mode == "import":
         request["import"] = list(architectures)
+    if modules:
+        request["modules"] = list(modules)
     return json.dumps(request, sort_keys=True)
 
 
@@ -310,6 +327,9 @@ def build_info(probe: dict) -> dict:
         "vllm_path": vllm_path,
         "architectures": architecture_entries(registry, files),
         "model_files": files,
+        "platform": dict(probe.get("platform") or {}),
+        "modules": dict(probe.get("modules") or {}),
+        "registry_text": text,
     }
 
 

@@ -77,6 +77,19 @@ options:
       - Falls back to the E(DOCKER_HOST) environment variable of the module's process.
     type: str
     default: unix:///var/run/docker.sock
+  modules:
+    description:
+      - Top-level Python modules (for example C(ray)) to import in the image's Python, in
+        either mode; RV(modules) reports each one's C(__version__) or its import error.
+    type: list
+    elements: str
+    default: []
+  registry_source:
+    description:
+      - Also return the text of the image's C(vllm/model_executor/models/registry.py) in
+        RV(registry_source) (for a transplant, which patches it).
+    type: bool
+    default: false
   timeout:
     description:
       - Seconds a probe container may run before the module gives up on it.
@@ -241,6 +254,21 @@ registry_import_error:
   returned: when the registry import failed
   type: str
   sample: "ModuleNotFoundError: No module named 'torch'"
+platform:
+  description: C(machine) and C(libc) (name, version) of the image's Python, for wheels that fit it.
+  returned: always
+  type: dict
+  sample: {"machine": "aarch64", "libc": ["glibc", "2.39"]}
+modules:
+  description:
+    - Each of O(modules) with its C(version) (C(__version__)) and its import C(error), or null.
+  returned: when O(modules) is not empty
+  type: dict
+  sample: {"ray": {"version": "2.60.0", "error": null}}
+registry_source:
+  description: The text of the image's vLLM model registry file.
+  returned: when O(registry_source=true)
+  type: str
 table:
   description: A plain-text table of RV(checked) with the image's versions, for people.
   returned: always
@@ -416,7 +444,7 @@ def run_module(module: AnsibleModule, node: str) -> dict:
             "(become: true, or membership of the docker group)"
         ) from exc
     try:
-        request = probe_request(params["mode"], params["architectures"])
+        request = probe_request(params["mode"], params["architectures"], params["modules"])
         image_id, doc, info = read_image(client, node, params["image"], params, request)
         if params["mode"] == "import":
             checked = classify(
@@ -438,7 +466,12 @@ def run_module(module: AnsibleModule, node: str) -> dict:
             "vllm_path": info["vllm_path"],
             "architectures": info["architectures"],
             "checked": checked,
+            "platform": info["platform"],
         }
+        if params["modules"]:
+            result["modules"] = info["modules"]
+        if params["registry_source"]:
+            result["registry_source"] = info["registry_text"]
         if doc.get("registry_import_error"):
             result["registry_import_error"] = doc["registry_import_error"]
         comparison = None
@@ -489,6 +522,8 @@ def main() -> None:
                 "default": "unix:///var/run/docker.sock",
                 "fallback": (env_fallback, ["DOCKER_HOST"]),
             },
+            "modules": {"type": "list", "elements": "str", "default": []},
+            "registry_source": {"type": "bool", "default": False},
             "timeout": {"type": "int", "default": 300},
         },
         supports_check_mode=True,

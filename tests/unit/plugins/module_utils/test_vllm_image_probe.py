@@ -219,6 +219,7 @@ def test_probe_request():
     assert json.loads(probe_request("static", ["A"])) == {}
     assert json.loads(probe_request("import", ["A", "B"])) == {"import": ["A", "B"]}
     assert json.loads(probe_request("import", [])) == {"import": []}
+    assert json.loads(probe_request("static", [], ["ray"])) == {"modules": ["ray"]}
     with pytest.raises(ValueError, match="unknown mode"):
         probe_request("run", [])
 

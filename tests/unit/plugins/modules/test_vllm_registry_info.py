@@ -373,3 +373,19 @@ def test_argument_errors(client, capsys, args, pattern):
     code, out = run(args, capsys)
     assert code == 1
     assert pattern in out["msg"]
+
+
+def test_platform_modules_and_registry_source(client, capsys):
+    code, out = run(
+        {"image": IMAGE, "modules": ["json", "no_such_module"], "registry_source": True}, capsys
+    )
+    assert code == 0, out
+    assert out["platform"]["machine"] and len(out["platform"]["libc"]) == 2
+    assert out["modules"]["json"]["error"] is None
+    assert out["modules"]["no_such_module"] == {
+        "version": None,
+        "error": "ModuleNotFoundError: No module named 'no_such_module'",
+    }
+    assert out["registry_source"] == REGISTRY
+    _code, plain = run({"image": IMAGE}, capsys)
+    assert "modules" not in plain and "registry_source" not in plain
