@@ -36,8 +36,8 @@ def _parse_time(value: str | None) -> datetime | None:
 def container_status(inspect: dict | None, now: str) -> dict:
     """State, health, uptime and restarts of one container from its ``docker inspect``."""
     if not inspect:
-        return {"exists": False, "state": "absent", "running": False, "health": None, "uptime_s": None,
-                "restarts": None, "image_id": None}  # fmt: skip
+        return {"exists": False, "state": "absent", "running": False, "health": None,
+                "uptime_s": None, "restarts": None, "image_id": None}  # fmt: skip
     state = inspect.get("State") or {}
     health = (state.get("Health") or {}).get("Status")
     started = _parse_time(state.get("StartedAt"))
@@ -143,18 +143,14 @@ def cluster_report(nodes: dict, head: str, endpoint: dict | None, ray: dict | No
         serves_here = backend == "multinode" or name == head
         serving = node["serving"]
         if serves_here and not serving.get("running"):
-            problems.append(
-                f"{name}: serving container {serving.get('name') or settings.get('serving_name', '')}"
-                f" is {serving['state']}"
-            )
+            serving_name = serving.get("name") or settings.get("serving_name", "")
+            problems.append(f"{name}: serving container {serving_name} is {serving['state']}")
         if serving.get("health") == "unhealthy":
             problems.append(f"{name}: serving container reports unhealthy")
         ray_container = node["ray"]
         if settings.get("expect_ray", True) and not ray_container.get("running"):
-            problems.append(
-                f"{name}: Ray container {ray_container.get('name') or settings.get('ray_name', '')}"
-                f" is {ray_container['state']}"
-            )
+            ray_name = ray_container.get("name") or settings.get("ray_name", "")
+            problems.append(f"{name}: Ray container {ray_name} is {ray_container['state']}")
         if not node.get("image_id"):
             problems.append(f"{name}: no image {image}")
         for part in ("serving", "ray"):

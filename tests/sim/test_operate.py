@@ -49,7 +49,8 @@ def _secret() -> str:
 
 def status(tmp_path: Path, label: str) -> tuple[subprocess.CompletedProcess, dict, float]:
     path = tmp_path / f"status-{label}.json"
-    proc, wall = playbook("status.yml", "-e", f"status_json={path}")
+    # Relative, as a user would type it: relative to the directory the playbook runs in.
+    proc, wall = playbook("status.yml", "-e", f"status_json={os.path.relpath(path, ROOT)}")
     assert path.is_file(), f"status wrote no JSON (rc {proc.returncode}):\n{proc.stdout[-3000:]}"
     return proc, json.loads(path.read_text()), wall
 
@@ -107,7 +108,8 @@ def test_status_reports_a_healthy_pair(serving, tmp_path):
 
 def test_benchmark_results_hang_together(serving, tmp_path):
     results = tmp_path / "results"
-    proc, wall = playbook("benchmark.yml", "-e", f"operate_benchmark_results_dir={results}")
+    relative = os.path.relpath(results, ROOT)
+    proc, wall = playbook("benchmark.yml", "-e", f"operate_benchmark_results_dir={relative}")
     assert proc.returncode == 0, proc.stdout[-4000:]
     assert "run 1/3: concurrency 1" in proc.stdout  # progress is shown run by run
     (first,) = results.iterdir()
@@ -147,7 +149,11 @@ def test_benchmark_results_hang_together(serving, tmp_path):
 
 def test_logs_archive_holds_both_nodes(serving, tmp_path):
     proc, _ = playbook(
-        "logs.yml", "-e", f"operate_logs_dir={tmp_path}", "-e", "operate_logs_lines=50"
+        "logs.yml",
+        "-e",
+        f"operate_logs_dir={os.path.relpath(tmp_path, ROOT)}",
+        "-e",
+        "operate_logs_lines=50",
     )
     assert proc.returncode == 0, proc.stdout[-3000:]
     (archive,) = tmp_path.glob("dgx-spark-logs-*.tar.gz")
