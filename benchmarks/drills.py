@@ -15,6 +15,8 @@ Faults (names for --faults):
   worker-rank     kill -9 the main process of the worker's rank container (Ray backend: the
                   worker's Ray container; multinode: its serving container)
   head-rank       kill -9 the main process of the head's serving container
+  rank-freeze     SIGSTOP the worker's rank (Ray backend: its RayWorkerProc actor): every
+                  container runs, the pair answers nothing; the head's watchdog must act
   worker-reboot   restart the worker's node container (its dockerd and every container in it)
   head-reboot     restart the head's node container
   power-cut       kill both node containers, start the head, then the worker
@@ -45,8 +47,8 @@ sys.path.insert(0, str(ROOT / "sim"))
 import simctl  # noqa: E402
 
 SERVE = yaml.safe_load((ROOT / "inventories/sim/group_vars/all/serve.yml").read_text())
-FAULTS = ("cold-start", "worker-rank", "head-rank", "worker-reboot", "head-reboot",
-          "power-cut", "power-cut-late", "link-drop")  # fmt: skip
+FAULTS = ("cold-start", "worker-rank", "head-rank", "rank-freeze", "worker-reboot",
+          "head-reboot", "power-cut", "power-cut-late", "link-drop")  # fmt: skip
 
 
 def docker(*args: str, check: bool = True) -> str:
@@ -124,6 +126,9 @@ def make_fault(name: str, head, worker) -> None:
         kill_main_process(worker, rank_container(worker, head=False))
     elif name == "head-rank":
         kill_main_process(head, "dgx-spark-vllm")
+    elif name == "rank-freeze":
+        pid = on_node(worker, "pgrep", "-f", "ray::RayWorkerProc").split()[0]
+        on_node(worker, "kill", "-STOP", pid)
     elif name == "worker-reboot":
         docker("restart", worker.container)
     elif name == "head-reboot":

@@ -160,7 +160,9 @@ def test_secrets_stay_out_of_arguments_environments_and_inspect(deployed, hosts)
 
 
 def test_a_rerun_repairs_ranks_out_of_step(deployed, hosts, nodes):
-    # The worker's rank freezes: every container still runs, the pair answers nothing.
+    # The worker's rank freezes: every container still runs, the pair answers nothing. The
+    # head's watchdog would repair this by itself (test_recovery.py): here the rerun must.
+    sh(hosts["spark-1"], "docker stop dgx-spark-watchdog")
     pid = sh(hosts["spark-2"], "pgrep -f 'ray::RayWorkerProc' | head -1").strip()
     sh(hosts["spark-2"], f"kill -STOP {pid}")
     assert not complete(nodes, KEY, timeout=10)

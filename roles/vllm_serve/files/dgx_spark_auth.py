@@ -40,9 +40,7 @@ _KEY, _PUBLIC = load()
 
 async def require_key(request, call_next):
     """Starlette HTTP middleware: 401 unless the request is public or carries the key."""
-    if not authorized(
-        request.url.path, request.headers.get("authorization"), _KEY, _PUBLIC
-    ):
+    if not authorized(request.url.path, request.headers.get("authorization"), _KEY, _PUBLIC):
         from starlette.responses import JSONResponse
 
         return JSONResponse(

@@ -1,0 +1,161 @@
+#!/usr/bin/env python3
+# Copyright: contributors to the dgx_spark.cluster collection
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""Liveness that asks the model, on the head: restart the serving group when it stops serving.
+
+Docker's restart policy brings back a process that exited; it cannot see ranks that still
+run but no longer answer (a rank frozen, a peer that left the collective, a driver whose Ray
+actors are gone). Every ``interval`` seconds this watchdog asks the endpoint for one token.
+After ``failures`` unanswered probes in a row, and once the group is past its start-up grace,
+it restarts the head's serving container (under vLLM's Ray executor the whole group: the
+ranks are that driver's actors and die with it). After ``max_restarts`` restarts within
+``window`` seconds it gives up loudly: it stops restarting and says so in its state file
+(``state: gave-up``, with the reason), which ``playbooks/status.yml`` shows, instead of
+looping silently.
+
+Standard library only; the Docker Engine API is reached over the mounted socket. The key is
+read from the serving configuration's auth.json (mounted read-only), never from arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import calendar
+import http.client
+import json
+import os
+import socket
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class Watch:
+    """What the watchdog remembers between probes; ``decide`` is its only logic."""
+
+    failures: int = 3
+    grace: float = 600.0
+    max_restarts: int = 3
+    window: float = 1800.0
+    misses: int = 0
+    restarts: list[float] = field(default_factory=list)
+    gave_up: str = ""
+    last_answer: float | None = None
+
+    def decide(self, now: float, answered: bool, started_at: float | None) -> str:
+        """'ok', 'wait', 'restart' or 'give-up' after one probe at ``now``.
+
+        ``started_at`` is when the serving container last started (None: not running).
+        """
+        if answered:
+            # Serving again (a rerun of the serve stage, a peer back): watch afresh.
+            self.misses, self.gave_up, self.last_answer = 0, "", now
+            return "ok"
+        if self.gave_up:
+            return "give-up"
+        starting = started_at is not None and now - started_at < self.grace
+        if starting and (self.last_answer is None or self.last_answer < started_at):
+            # Started and not served yet (weights load, compile): not a failure yet.
+            return "wait"
+        self.misses += 1
+        if self.misses < self.failures:
+            return "wait"
+        recent = [t for t in self.restarts if now - t < self.window]
+        if len(recent) >= self.max_restarts:
+            self.gave_up = (
+                f"{len(recent)} restarts in {int(self.window)} s did not bring the endpoint back"
+            )
+            return "give-up"
+        self.restarts = [*recent, now]
+        self.misses = 0
+        return "restart"
+
+
+class DockerSocket(http.client.HTTPConnection):
+    def __init__(self, path: str):
+        super().__init__("localhost", timeout=120)
+        self.path = path
+
+    def connect(self) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(self.timeout)
+        self.sock.connect(self.path)
+
+
+def docker(sock: str, method: str, path: str) -> tuple[int, dict]:
+    conn = DockerSocket(sock)
+    try:
+        conn.request(method, path)
+        answer = conn.getresponse()
+        raw = answer.read()
+        return answer.status, (json.loads(raw) if raw.strip().startswith(b"{") else {})
+    finally:
+        conn.close()
+
+
+def started_at(sock: str, container: str) -> float | None:
+    status, info = docker(sock, "GET", f"/containers/{container}/json")
+    if status != 200 or not info.get("State", {}).get("Running"):
+        return None
+    return calendar.timegm(time.strptime(info["State"]["StartedAt"][:19], "%Y-%m-%dT%H:%M:%S"))
+
+
+def probe(url: str, key: str, model: str, timeout: float) -> bool:
+    body = json.dumps({"model": model, "prompt": "ping", "max_tokens": 1}).encode()
+    request = urllib.request.Request(f"{url}/v1/completions", data=body)
+    request.add_header("Content-Type", "application/json")
+    if key:
+        request.add_header("Authorization", f"Bearer {key}")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as answer:  # noqa: S310
+            return int(json.loads(answer.read())["usage"]["completion_tokens"]) >= 1
+    except (urllib.error.URLError, OSError, ValueError, KeyError):
+        return False
+
+
+def write_state(path: Path, **state) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({**state, "at": int(time.time())}) + "\n")
+    os.replace(tmp, path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--url", default="http://127.0.0.1:8000")
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--container", default="dgx-spark-vllm")
+    parser.add_argument("--auth", type=Path, help="auth.json of the serving configuration")
+    parser.add_argument("--state", type=Path, required=True)
+    parser.add_argument("--docker-socket", default="/var/run/docker.sock")
+    parser.add_argument("--interval", type=float, default=30)
+    parser.add_argument("--timeout", type=float, default=30)
+    parser.add_argument("--failures", type=int, default=3)
+    parser.add_argument("--grace", type=float, default=600)
+    parser.add_argument("--max-restarts", type=int, default=3)
+    parser.add_argument("--window", type=float, default=1800)
+    args = parser.parse_args(argv)
+    watch = Watch(args.failures, args.grace, args.max_restarts, args.window)
+    while True:
+        key = json.loads(args.auth.read_text())["key"] if args.auth and args.auth.exists() else ""
+        since = started_at(args.docker_socket, args.container)
+        answered = since is not None and probe(args.url, key, args.model, args.timeout)
+        verdict = watch.decide(time.time(), answered, since)
+        if verdict == "restart":
+            print(f"watchdog: {args.model} did not answer {args.failures} probes: restarting "
+                  f"{args.container}", flush=True)  # fmt: skip
+            docker(args.docker_socket, "POST", f"/containers/{args.container}/restart?t=30")
+        elif verdict == "give-up":
+            print(f"watchdog: giving up: {watch.gave_up}", file=sys.stderr, flush=True)
+        state = {"ok": "serving", "wait": "waiting", "restart": "restarted",
+                 "give-up": "gave-up"}[verdict]  # fmt: skip
+        write_state(args.state, state=state, reason=watch.gave_up, misses=watch.misses,
+                    restarts=len(watch.restarts))  # fmt: skip
+        time.sleep(args.interval)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,73 @@
+"""roles/vllm_serve/files/dgx_spark_watchdog.py: when the head's watchdog restarts or gives up."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+SOURCE = Path(__file__).resolve().parents[3] / "roles/vllm_serve/files/dgx_spark_watchdog.py"
+_spec = importlib.util.spec_from_file_location("dgx_spark_watchdog", SOURCE)
+watchdog = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = watchdog  # dataclasses look their module up there
+_spec.loader.exec_module(watchdog)
+
+
+def watch(**overrides):
+    settings = {"failures": 3, "grace": 600, "max_restarts": 2, "window": 1800, **overrides}
+    return watchdog.Watch(**settings)
+
+
+def run(w, probes, started_at=0.0, start=10_000.0, step=30.0):
+    """Verdicts of successive probes (True: answered) every ``step`` seconds."""
+    return [w.decide(start + i * step, ok, started_at) for i, ok in enumerate(probes)]
+
+
+def test_three_misses_in_a_row_restart_once():
+    assert run(watch(), [True, False, False, False, False]) == [
+        "ok", "wait", "wait", "restart", "wait",
+    ]  # fmt: skip
+
+
+def test_an_answer_between_misses_starts_counting_again():
+    assert run(watch(), [False, False, True, False, False, False]) == [
+        "wait", "wait", "ok", "wait", "wait", "restart",
+    ]  # fmt: skip
+
+
+def test_no_judgement_while_the_group_starts():
+    w = watch()
+    # Started 100 s before the first probe, grace 600 s: misses do not count yet.
+    assert run(w, [False] * 5, started_at=9_900.0) == ["wait"] * 5
+    assert w.misses == 0
+
+
+def test_the_grace_ends_once_the_started_group_has_served():
+    w = watch()
+    # Started 100 s before the first probe; it answered once, then stopped answering.
+    assert run(w, [True, False, False, False], started_at=9_900.0) == [
+        "ok", "wait", "wait", "restart",
+    ]  # fmt: skip
+
+
+def test_a_stopped_container_counts_as_missing():
+    assert run(watch(), [False, False, False], started_at=None) == ["wait", "wait", "restart"]
+
+
+def test_it_gives_up_loudly_and_resumes_once_the_pair_serves():
+    w = watch(max_restarts=2)
+    verdicts = run(w, [False] * 9)
+    assert verdicts == ["wait", "wait", "restart", "wait", "wait", "restart",
+                        "wait", "wait", "give-up"]  # fmt: skip
+    assert w.gave_up == "2 restarts in 1800 s did not bring the endpoint back"
+    assert run(w, [False], start=20_000.0) == ["give-up"]
+    assert run(w, [True], start=20_030.0) == ["ok"] and w.gave_up == ""
+
+
+@pytest.mark.parametrize(("window", "expected"), [(100, "restart"), (1800, "give-up")])
+def test_old_restarts_leave_the_window(window, expected):
+    w = watch(max_restarts=1, window=window)
+    assert run(w, [False] * 3) == ["wait", "wait", "restart"]
+    assert run(w, [False] * 3, start=10_000.0 + 400) == ["wait", "wait", expected]
