@@ -36,10 +36,16 @@ def vllm_serve_parallel_error(gpus, tensor_parallel_size, pipeline_parallel_size
     return ""
 
 
+def vllm_serve_setting_errors(settings):
+    """What vLLM would refuse at start, as messages naming the variables."""
+    return vllm_command.setting_errors(dict(settings))
+
+
 class FilterModule:
     def filters(self):
         return {
             "vllm_serve_args": vllm_serve_args,
             "vllm_serve_env": vllm_serve_env,
             "vllm_serve_parallel_error": vllm_serve_parallel_error,
+            "vllm_serve_setting_errors": vllm_serve_setting_errors,
         }

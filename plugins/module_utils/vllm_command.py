@@ -48,6 +48,50 @@ MANAGED_FLAGS = {
 }
 
 
+def _number(value):
+    if isinstance(value, bool):
+        raise ValueError(value)
+    return float(value)
+
+
+def setting_errors(settings: dict) -> list[str]:
+    """What vLLM would refuse at start, found before anything is touched; each names its variable.
+
+    Ports 1..65535, distinct; positive sizes; a memory fraction in (0, 1]; lengths and token
+    budgets at least 1 or empty (vLLM's default); a served name. Empty values are allowed
+    where the role leaves vLLM's default.
+    """
+    errors: list[str] = []
+
+    def check(name: str, ok, allowed: str, optional: bool = False) -> None:
+        value = settings.get(name)
+        if optional and value in (None, ""):
+            return
+        try:
+            good = ok(_number(value))
+        except (TypeError, ValueError):
+            good = False
+        if not good:
+            errors.append(f"vllm_serve_{name} is {value!r}; allowed: {allowed}")
+
+    check("port", lambda v: v.is_integer() and 1 <= v <= 65535, "an integer 1-65535")
+    check("master_port", lambda v: v.is_integer() and 1 <= v <= 65535, "an integer 1-65535")
+    check("tensor_parallel_size", lambda v: v.is_integer() and v >= 1, "an integer >= 1")
+    check("pipeline_parallel_size", lambda v: v.is_integer() and v >= 1, "an integer >= 1")
+    check("max_model_len", lambda v: v.is_integer() and v >= 1, "an integer >= 1, or empty", True)
+    check("max_num_batched_tokens", lambda v: v.is_integer() and v >= 1,
+          "an integer >= 1, or empty", True)  # fmt: skip
+    check("gpu_memory_utilization", lambda v: 0 < v <= 1, "a number in (0, 1], or empty", True)
+    if str(settings.get("port")) == str(settings.get("master_port")):
+        errors.append(
+            f"vllm_serve_port and vllm_serve_master_port are both {settings.get('port')}; "
+            "allowed: two different ports"
+        )
+    if not str(settings.get("served_model_name") or "").strip():
+        errors.append("vllm_serve_served_model_name is empty; allowed: the name clients use")
+    return errors
+
+
 def check_extra_args(extra_args) -> None:
     """Refuse extra arguments that are not strings or that repeat a flag the role manages."""
     if not isinstance(extra_args, (list, tuple)):

@@ -165,8 +165,11 @@ def test_parallel_sizes_against_declared_gpus(tp, pp, gpus, ok):
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        (["--tensor-parallel-size", "4"], "repeats --tensor-parallel-size, which the role sets "
-         "itself: set vllm_serve_tensor_parallel_size instead"),
+        (
+            ["--tensor-parallel-size", "4"],
+            "repeats --tensor-parallel-size, which the role sets "
+            "itself: set vllm_serve_tensor_parallel_size instead",
+        ),
         (["--api-key=x"], "repeats --api-key, which the role sets itself: set vllm_serve_api_key"),
         (["-tp", "2"], "repeats -tp"),
         ("--enforce-eager", "must be a list of strings, got str"),
@@ -181,7 +184,45 @@ def test_extra_args_that_repeat_a_managed_flag_are_refused(extra, message):
 
 def test_the_key_middleware_is_the_heads_only():
     settings = production_settings(middleware=["dgx_spark_auth.require_key"])
-    head = vllm_command.serve_args(settings, backend="multinode", node_rank=0, nnodes=2, master_addr="a")
-    worker = vllm_command.serve_args(settings, backend="multinode", node_rank=1, nnodes=2, master_addr="a")
+    head = vllm_command.serve_args(
+        settings, backend="multinode", node_rank=0, nnodes=2, master_addr="a"
+    )
+    worker = vllm_command.serve_args(
+        settings, backend="multinode", node_rank=1, nnodes=2, master_addr="a"
+    )
     assert head[-2:] == ["--middleware", "dgx_spark_auth.require_key"]
     assert "--middleware" not in worker
+
+
+def test_the_production_settings_have_no_errors():
+    assert vllm_command.setting_errors(production_settings()) == []
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ({"port": 70000}, "vllm_serve_port is 70000; allowed: an integer 1-65535"),
+        ({"port": 0}, "vllm_serve_port is 0; allowed: an integer 1-65535"),
+        ({"port": "http"}, "vllm_serve_port is 'http'; allowed: an integer 1-65535"),
+        ({"master_port": 8000}, "vllm_serve_port and vllm_serve_master_port are both 8000"),
+        ({"max_model_len": -5}, "vllm_serve_max_model_len is -5; allowed: an integer >= 1"),
+        ({"max_model_len": 1.5}, "vllm_serve_max_model_len is 1.5"),
+        ({"gpu_memory_utilization": 0}, "vllm_serve_gpu_memory_utilization is 0; allowed: a"),
+        ({"gpu_memory_utilization": 1.2}, "vllm_serve_gpu_memory_utilization is 1.2"),
+        ({"gpu_memory_utilization": True}, "vllm_serve_gpu_memory_utilization is True"),
+        ({"max_num_batched_tokens": 0}, "vllm_serve_max_num_batched_tokens is 0"),
+        ({"tensor_parallel_size": 0}, "vllm_serve_tensor_parallel_size is 0; allowed: an integer"),
+        ({"pipeline_parallel_size": -1}, "vllm_serve_pipeline_parallel_size is -1"),
+        ({"served_model_name": " "}, "vllm_serve_served_model_name is empty"),
+    ],
+)
+def test_settings_vllm_would_refuse_are_named(override, message):
+    errors = vllm_command.setting_errors(production_settings(**override))
+    assert any(e.startswith(message) for e in errors), errors
+
+
+def test_empty_values_leave_vllms_defaults():
+    settings = production_settings(
+        max_model_len="", gpu_memory_utilization="", max_num_batched_tokens=None
+    )
+    assert vllm_command.setting_errors(settings) == []
