@@ -133,3 +133,36 @@ def run_playbook(path: str, *extra: str) -> PlaybookRun:
 @pytest.fixture(scope="session")
 def playbook():
     return run_playbook
+
+
+def _answers(nodes) -> bool:
+    """One token from the endpoint with the inventory's key."""
+    import urllib.error
+    import urllib.request
+
+    import yaml
+
+    serve = yaml.safe_load((INVENTORY / "group_vars/all/serve.yml").read_text())
+    body = json.dumps(
+        {"model": serve["vllm_serve_served_model_name"], "prompt": "spark", "max_tokens": 1}
+    ).encode()
+    req = urllib.request.Request(f"http://{nodes[0].mgmt_ip}:8000/v1/completions", data=body)
+    req.add_header("Content-Type", "application/json")
+    req.add_header("Authorization", f"Bearer {serve['vllm_serve_api_key']}")
+    try:
+        with urllib.request.urlopen(req, timeout=30) as answer:
+            return json.loads(answer.read())["usage"]["completion_tokens"] == 1
+    except (urllib.error.URLError, OSError, ValueError, KeyError):
+        return False
+
+
+@pytest.fixture(scope="session")
+def deployed_pair(sim, nodes):
+    """The pair serving the inventory's deployment: deploy.yml runs first when it does not
+    answer (a fresh machine runs tests/sim before molecule has deployed anything)."""
+    if not _answers(nodes):
+        run = run_playbook("deploy.yml")
+        assert run.rc == 0, run.failures() or run.raw[-4000:]
+        print(f"\ndeploy.yml for the tests that need a serving pair: {run.seconds:.0f}s")
+    assert _answers(nodes), "the pair does not serve after deploy.yml"
+    return nodes

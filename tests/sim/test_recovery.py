@@ -22,7 +22,7 @@ _spec.loader.exec_module(drills)
 
 
 @pytest.fixture(scope="module")
-def cold_start(sim, nodes):
+def cold_start(deployed_pair, nodes):
     result = drills.drill("cold-start", nodes[0], nodes[1], timeout=600)
     assert result["recovered"], result
     print(f"\ncold start: {result['seconds']}s")

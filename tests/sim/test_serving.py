@@ -97,7 +97,7 @@ def serve(*extra: str):
 
 
 @pytest.fixture(scope="module")
-def deployed(sim, nodes):
+def deployed(deployed_pair, nodes):
     """The pair serving with the inventory's settings, before and after this module."""
     if not complete(nodes, KEY):
         run = serve()
