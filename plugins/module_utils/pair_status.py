@@ -213,8 +213,15 @@ def cluster_report(nodes: dict, head: str, endpoint: dict | None, ray: dict | No
             if ray["gpus_total"] < expected_gpus:
                 problems.append(f"Ray: {ray['gpus_total']:g} GPUs, {expected_gpus:g} needed")
 
+    # The head's watchdog (ray backend) writes its state; a watchdog that gave up is a
+    # problem: the group did not come back by itself.
+    watchdog = settings.get("watchdog")
+    if isinstance(watchdog, dict) and watchdog.get("state") == "gave-up":
+        problems.append(f"watchdog gave up: {watchdog.get('reason') or 'no reason given'}")
+
     cluster = {
         "backend": backend,
+        "watchdog": watchdog,
         "head": head,
         "url": settings.get("url"),
         "model": endpoint.get("model"),
@@ -282,6 +289,13 @@ def _table(rows: list[list[str]]) -> list[str]:
     ]
 
 
+def _watchdog_text(watchdog) -> str:
+    if not isinstance(watchdog, dict) or not watchdog.get("state"):
+        return "-"
+    text = f"{watchdog['state']}, {watchdog.get('restarts', 0)} restarts in its window"
+    return f"{text}: {watchdog['reason']}" if watchdog.get("reason") else text
+
+
 def render(report: dict) -> list[str]:
     """The report as lines: one table for the cluster, one line per node, then findings."""
     cluster = report["cluster"]
@@ -325,6 +339,7 @@ def render(report: dict) -> list[str]:
                                f"generated {_number(metrics.get('generation_tokens'), digits=0)}, "
                                f"requests {_number(metrics.get('requests_finished'))}"],
         ["Ray", ray_text],
+        ["watchdog", _watchdog_text(cluster.get("watchdog"))],
         [cluster.get("image") or "image", images],
     ]  # fmt: skip
     lines = ["cluster"] + ["  " + line for line in _table(cluster_rows)]

@@ -172,3 +172,23 @@ def test_merge_logs_orders_both_streams_by_time():
     stderr = "2026-11-30T06:00:01.123456789Z WARN a\n2026-11-30T06:00:02Z WARN c\n"
     merged = pair_status.merge_logs(stdout, stderr).splitlines()
     assert [line.split()[-1] for line in merged] == ["a", "b", "c", "d"]
+
+
+def test_a_watchdog_that_gave_up_makes_the_pair_unhealthy(answers):
+    gave_up = {"state": "gave-up", "reason": "3 restarts in 1800 s did not bring the endpoint back",
+               "misses": 0, "restarts": 3}  # fmt: skip
+    report = _report(answers, settings={"watchdog": gave_up})
+    assert report["problems"] == [
+        "watchdog gave up: 3 restarts in 1800 s did not bring the endpoint back"
+    ]
+    assert any(
+        "gave-up, 3 restarts in its window: 3 restarts" in line
+        for line in pair_status.render(report)
+    )
+
+
+def test_a_serving_watchdog_is_shown_and_fine(answers):
+    report = _report(answers, settings={"watchdog": {"state": "serving", "restarts": 0}})
+    assert report["healthy"]
+    assert any(line.strip().startswith("watchdog") and "serving, 0 restarts" in line
+               for line in pair_status.render(report))  # fmt: skip
