@@ -20,7 +20,9 @@ _ERROR_LINE = re.compile(
 # "ValueError: ...", "pydantic_core._pydantic_core.ValidationError: ...", "KeyboardInterrupt".
 _EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b(:|$)")
 # Log decorations that say nothing about the cause.
-_NOISE = re.compile(r"^\s*(File \"|\^+$|~+$|raise |return |During handling|Traceback \(most recent)")
+_NOISE = re.compile(
+    r"^\s*(File \"|\^+$|~+$|raise |return |During handling|Traceback \(most recent)"
+)
 # vLLM's log prefix: "(APIServer pid=1) ERROR 11-30 06:07:10 [file.py:12] ".
 _PREFIX = re.compile(
     r"^(\([A-Za-z0-9_]+ pid=\d+\)\s*)?(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL)?\s*"

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-SOURCE = Path(__file__).resolve().parents[3] / "roles" / "vllm_serve" / "files" / "dgx_spark_auth.py"
+SOURCE = (
+    Path(__file__).resolve().parents[3] / "roles" / "vllm_serve" / "files" / "dgx_spark_auth.py"
+)
 KEY = "sk-test-0123456789"
 
 
@@ -21,7 +23,9 @@ def load_middleware(tmp_path, config: dict | None):
     shutil.copy(SOURCE, tmp_path / "dgx_spark_auth.py")
     if config is not None:
         (tmp_path / "auth.json").write_text(json.dumps(config))
-    spec = importlib.util.spec_from_file_location(f"auth_{tmp_path.name}", tmp_path / "dgx_spark_auth.py")
+    spec = importlib.util.spec_from_file_location(
+        f"auth_{tmp_path.name}", tmp_path / "dgx_spark_auth.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

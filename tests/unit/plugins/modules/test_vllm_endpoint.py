@@ -39,7 +39,10 @@ class Endpoint:
             def do_POST(self):  # noqa: N802
                 self.rfile.read(int(self.headers["Content-Length"]))
                 endpoint.keys.append(self.headers.get("Authorization", ""))
-                body = {"choices": [{"text": " x"}], "usage": {"completion_tokens": endpoint.tokens}}
+                body = {
+                    "choices": [{"text": " x"}],
+                    "usage": {"completion_tokens": endpoint.tokens},
+                }
                 self._answer(endpoint.completion, body)
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
@@ -130,4 +133,7 @@ def test_module_fails_or_reports(endpoint, capsys):
     assert code == 0 and result["healthy"] is False and result["changed"] is False
     code, result = run_module(vllm_endpoint, args, capsys)
     assert code == 1
-    assert result["msg"] == "the endpoint does not serve (no answer to a one-token completion within 2 s)"
+    assert (
+        result["msg"]
+        == "the endpoint does not serve (no answer to a one-token completion within 2 s)"
+    )
