@@ -56,7 +56,7 @@ def status(tmp_path: Path, label: str) -> tuple[subprocess.CompletedProcess, dic
 
 
 @pytest.fixture(scope="module")
-def serving(ansible):
+def serving(ansible, deployed_pair):
     """The pair's settings from the inventory, once its endpoint has proven it serves."""
     defaults = yaml.safe_load((ROOT / "roles" / "vllm_serve" / "defaults" / "main.yml").read_text())
     for name in ("vllm_serve_backend", "vllm_serve_api_key", "vllm_serve_port", "ansible_host"):
