@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,6 @@ REAL = (
     "tail",
     "cat",
     "touch",
-    "python3",
     "true",
     "chmod",
     "nohup",
@@ -61,6 +61,8 @@ def machine(tmp_path):
     bin_dir.mkdir()
     for name in REAL:
         os.symlink(shutil.which(name), bin_dir / name)
+    # The interpreter running the tests (a pyenv shim on PATH would need pyenv's PATH).
+    os.symlink(sys.executable, bin_dir / "python3")
     for name, body in STUBS.items():
         (bin_dir / name).write_text("#!/bin/sh\n" + body)
         (bin_dir / name).chmod(0o755)
