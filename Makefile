@@ -7,7 +7,7 @@ BIN     := $(VENV)/bin
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 
-.PHONY: help bootstrap venv lint unit sim-up sim-down sim-clean sim-test molecule test demo teardown build
+.PHONY: help bootstrap venv lint unit sanity sim-up sim-down sim-clean sim-test molecule test demo teardown build
 
 help:
 	@echo "make demo      bring the simulated pair up and run deploy.yml on it"
@@ -38,6 +38,10 @@ lint: venv
 unit: venv
 	$(BIN)/pytest -q tests/unit
 
+# ansible-test sanity on the collection's own code, with no ignore file (tools/sanity.sh).
+sanity: venv
+	VENV=$(VENV) tools/sanity.sh
+
 sim-up: venv
 	$(PY) sim/simctl.py up
 
@@ -59,7 +63,7 @@ molecule: sim-up
 	$(BIN)/molecule test -s default
 
 test: bootstrap
-	$(MAKE) lint unit sim-test molecule
+	$(MAKE) lint unit sanity sim-test molecule
 
 demo: bootstrap
 	$(MAKE) sim-up

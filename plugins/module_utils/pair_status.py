@@ -422,7 +422,7 @@ def mask_secrets(value, secrets: list[str] | None = None):
             return [walk(v, key) for v in item]
         if isinstance(item, str):
             if "=" in item and key in ("Env", "env"):
-                name, _, val = item.partition("=")
+                name, val = item.split("=", 1)
                 if _SECRET_NAME.search(name) and val:
                     return f"{name}={MASK}"
             return scrub(item)

@@ -62,7 +62,7 @@ def _strip(raw: str) -> tuple[str, str]:
 def _exception_blocks(entries: list[tuple[str, str]]) -> list[list[str]]:
     """Each exception line with the detail lines that follow it (pydantic names the field)."""
     blocks: list[list[str]] = []
-    for i, (_, text) in enumerate(entries):
+    for i, (_level, text) in enumerate(entries):
         if text.startswith(" ") or not _EXCEPTION.match(text):
             continue
         block = [text.strip()]

@@ -1,5 +1,6 @@
 #!/usr/bin/python
 # Copyright: contributors to the dgx_spark.cluster collection
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 
 from __future__ import annotations
@@ -222,7 +223,7 @@ def run(params: dict) -> dict:
             known=known,
         )
     problems = mm.compare(expected or {}, described, checksum=params["checksum"])
-    _, free = mm.free_bytes(path)
+    free = mm.free_bytes(path)[1]
     return {
         "changed": False,
         "exists": model_dir is not None,

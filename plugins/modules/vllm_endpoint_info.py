@@ -1,5 +1,6 @@
 #!/usr/bin/python
 # Copyright: contributors to the dgx_spark.cluster collection
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 
 from __future__ import annotations
@@ -171,7 +172,7 @@ def main():
     timeout = params["timeout"]
     auth = {"Authorization": f"Bearer {params['api_key']}"} if params["api_key"] else {}
 
-    status, _, error = _request(f"{base}/health", timeout)
+    status, _body, error = _request(f"{base}/health", timeout)
     health = {"ok": status == 200 and not error, "status": status, "error": error}
 
     models, model = [], {}

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 # Copyright: contributors to the dgx_spark.cluster collection
 # SPDX-License-Identifier: GPL-3.0-or-later
 """all_gather bus bandwidth with torch.distributed, one process per GPU, one JSON line out.
@@ -204,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     sync()
     # Rank r's block must hold r everywhere (checked block by block: no second full buffer).
     wrong = sum(int((chunk != float(r)).sum().item()) for r, chunk in enumerate(chunks))
-    for _ in range(args.warmup):
+    for _step in range(args.warmup):
         gather()
     sync()
     if backend == "nccl":
@@ -212,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         dist.barrier()
     started = time.perf_counter()
-    for _ in range(args.iters):
+    for _step in range(args.iters):
         gather()
     sync()
     elapsed = (time.perf_counter() - started) / args.iters

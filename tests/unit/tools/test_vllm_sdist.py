@@ -316,7 +316,7 @@ class FakeIndex:
         self.thread.start()
 
     def downloads(self) -> int:
-        return sum(1 for path, _ in self.requests if path.startswith("/files/"))
+        return sum(1 for path, _accept in self.requests if path.startswith("/files/"))
 
     def close(self) -> None:
         self.server.shutdown()

@@ -38,7 +38,8 @@ TWINS_2 = [
 E0 = "spark-1: host_prep_cx7_links[0]"
 
 
-def resolve(links, facts_=SPARK, fast_ip="198.51.100.11", mgmt="192.0.2.11", mtu=9000):
+def resolve(links, facts_=None, fast_ip="198.51.100.11", mgmt="192.0.2.11", mtu=9000):
+    facts_ = SPARK if facts_ is None else facts_
     return fl.resolve_links(links, "spark-1", facts_, fast_ip, mgmt, mtu)
 
 

@@ -481,7 +481,7 @@ def _release(fetch_vllm_sdist, vllm_sdist, version):
 @network
 @pytest.mark.parametrize("base_version", ["0.10.0", "0.14.1", "0.22.0", "0.33.0"])
 def test_patch_real_registries(fetch_vllm_sdist, vllm_sdist, base_version):
-    text, _ = _release(fetch_vllm_sdist, vllm_sdist, base_version)
+    text = _release(fetch_vllm_sdist, vllm_sdist, base_version)[0]
     entries = {
         "DgxSparkTestForCausalLM": [f"{PKG}.dgx_spark_test", "DgxSparkTestForCausalLM"],
         "Qwen3MoeForCausalLM": [f"{PKG}.qwen3_moe", "Qwen3MoeForCausalLM"],
@@ -501,7 +501,7 @@ def test_the_transplant_of_the_story(fetch_vllm_sdist, vllm_sdist):
     0.14.1 lacks the qwen3_5 config modules and the Mamba helpers qwen3_5.py imports.
     """
     base_text, base_archs = _release(fetch_vllm_sdist, vllm_sdist, "0.14.1")
-    _, donor_archs = _release(fetch_vllm_sdist, vllm_sdist, "0.17.0")
+    donor_archs = _release(fetch_vllm_sdist, vllm_sdist, "0.17.0")[1]
     wanted = ["Qwen3_5MoeForConditionalGeneration"]
     plan = hi.transplant_plan(wanted, donor_archs, base_archs)
     assert plan["files"] == ["vllm/model_executor/models/qwen3_5.py"]

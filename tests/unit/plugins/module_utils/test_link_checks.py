@@ -417,7 +417,8 @@ SETTINGS = {
 }
 
 
-def nodes(record=True, serving=(), settings=SETTINGS, **other):
+def nodes(record=True, serving=(), settings=None, **other):
+    settings = SETTINGS if settings is None else settings
     made = lc.link_record(SETTINGS, "2026-11-30T06:00:00Z", ["RDMA write 111.74 Gb/s"])
     return {
         "spark-1": {"settings": settings, "record": made if record else None,

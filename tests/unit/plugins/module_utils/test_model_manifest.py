@@ -146,7 +146,7 @@ def test_nested_files_are_included(tmp_path):
 
 def test_hf_snapshot_manifest_follows_links_to_blobs(tmp_path):
     root = hf_repo(tmp_path / "models--org--tiny")
-    model_dir, _ = mm.find_model_dir(str(root))
+    model_dir = mm.find_model_dir(str(root))[0]
     described = mm.build_manifest(model_dir, root=str(root))
     # Same manifest as the plain copy: the links are followed to their blobs.
     assert described == {
@@ -163,7 +163,7 @@ def test_snapshot_copied_without_blobs_has_dangling_links(tmp_path):
     root = hf_repo(tmp_path / "models--org--tiny")
     for blob in (root / "blobs").iterdir():
         blob.unlink()
-    model_dir, _ = mm.find_model_dir(str(root))
+    model_dir = mm.find_model_dir(str(root))[0]
     described = mm.build_manifest(model_dir, root=str(root))
     assert described["files"] == {}
     # Every link is reported, including the one whose name is not a model pattern.

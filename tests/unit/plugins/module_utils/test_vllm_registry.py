@@ -518,7 +518,7 @@ def test_qwen3_5(release):
 def test_fully_qualified_modules(release):
     qualified = {a: v for a, v in release.registry.items() if not v[0].startswith(f"{PKG}.")}
     assert len(qualified) == release.expected.qualified
-    assert all(mod.startswith("vllm.") for mod, _ in qualified.values())
+    assert all(mod.startswith("vllm.") for mod, _cls in qualified.values())
     if release.at_least("0.22.0"):
         assert qualified["DeepseekV4ForCausalLM"] == (
             "vllm.models.deepseek_v4",
@@ -530,7 +530,7 @@ def test_fully_qualified_modules(release):
 def test_every_module_is_in_the_archive(release):
     missing = sorted(
         mod
-        for mod in {mod for mod, _ in release.registry.values()}
+        for mod in {mod for mod, _cls in release.registry.values()}
         if module_file(mod) not in release.members and package_file(mod) not in release.members
     )
     assert not missing

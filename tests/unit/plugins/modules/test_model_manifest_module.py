@@ -52,14 +52,14 @@ def test_describes_an_hf_cache_repo(tmp_path, capsys, check_mode):
 
 def test_verifies_against_an_expected_manifest(tmp_path, capsys):
     root = hf_repo(tmp_path / "head")
-    _, head = run({"path": str(root)}, capsys)
+    head = run({"path": str(root)}, capsys)[1]
     code, out = run({"path": str(root), "expected": head["manifest"]}, capsys)
     assert code == 0 and out["ok"] is True and out["missing_bytes"] == 0
 
 
 def test_copy_without_blobs_fails_naming_the_dangling_links(tmp_path, capsys):
     root = hf_repo(tmp_path / "head")
-    _, head = run({"path": str(root)}, capsys)
+    head = run({"path": str(root)}, capsys)[1]
     for blob in (root / "blobs").iterdir():
         blob.unlink()
     code, out = run({"path": str(root), "expected": head["manifest"]}, capsys)
@@ -109,9 +109,9 @@ def test_a_record_spares_reading_unchanged_files(tmp_path, capsys):
     assert code == 0 and (first["hashed"], first["reused"]) == (2, 0)
     assert all("mtime_ns" in entry for entry in first["manifest"].values())
     record.write_text(json.dumps({"format": 1, "files": first["manifest"]}))
-    _, again = run({"path": str(root), "record": str(record)}, capsys)
+    again = run({"path": str(root), "record": str(record)}, capsys)[1]
     assert (again["hashed"], again["reused"]) == (0, 2)
     assert again["manifest"] == first["manifest"]
-    _, asked = run({"path": str(root), "record": str(record), "trust_record": False}, capsys)
+    asked = run({"path": str(root), "record": str(record), "trust_record": False}, capsys)[1]
     assert (asked["hashed"], asked["reused"]) == (2, 0)
     assert asked["manifest"] == first["manifest"]
