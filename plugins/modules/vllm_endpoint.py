@@ -9,7 +9,7 @@ DOCUMENTATION = r"""
 ---
 module: vllm_endpoint
 short_description: Wait until a vLLM endpoint serves, or learn why it does not
-version_added: "0.2.0"
+version_added: "0.1.0"
 description:
   - Polls the endpoint on the node it runs on until C(/health) answers 200 and, with
     O(completion), a one-token completion comes back; only then is RV(healthy) true.
