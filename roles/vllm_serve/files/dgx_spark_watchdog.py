@@ -8,7 +8,10 @@ run but no longer answer (a rank frozen, a peer that left the collective, a driv
 actors are gone). Every ``interval`` seconds this watchdog asks the endpoint for one token.
 After ``failures`` unanswered probes in a row, and once the group is past its start-up grace,
 it restarts the head's serving container (under vLLM's Ray executor the whole group: the
-ranks are that driver's actors and die with it). After ``max_restarts`` restarts within
+ranks are that driver's actors and die with it). The start-up grace ends as soon as the
+started group has answered a probe or its API server's ``/health`` has answered (weights
+loaded, engine up): a rank that freezes right after a start is judged at once, not after the
+grace. After ``max_restarts`` restarts within
 ``window`` seconds it gives up loudly: it stops restarting and says so in its state file
 (``state: gave-up``, with the reason), which ``playbooks/status.yml`` shows, instead of
 looping silently.
@@ -45,12 +48,18 @@ class Watch:
     restarts: list[float] = field(default_factory=list)
     gave_up: str = ""
     last_answer: float | None = None
+    last_up: float | None = None
 
-    def decide(self, now: float, answered: bool, started_at: float | None) -> str:
+    def decide(
+        self, now: float, answered: bool, started_at: float | None, up: bool = False
+    ) -> str:
         """'ok', 'wait', 'restart' or 'give-up' after one probe at ``now``.
 
-        ``started_at`` is when the serving container last started (None: not running).
+        ``started_at`` is when the serving container last started (None: not running);
+        ``up``: its API server's ``/health`` answered although the completion did not.
         """
+        if up:
+            self.last_up = now
         if answered:
             # Serving again (a rerun of the serve stage, a peer back): watch afresh.
             self.misses, self.gave_up, self.last_answer = 0, "", now
@@ -58,8 +67,9 @@ class Watch:
         if self.gave_up:
             return "give-up"
         starting = started_at is not None and now - started_at < self.grace
-        if starting and (self.last_answer is None or self.last_answer < started_at):
-            # Started and not served yet (weights load, compile): not a failure yet.
+        if starting and not any(t is not None and t >= started_at
+                                for t in (self.last_answer, self.last_up)):  # fmt: skip
+            # Started, neither served nor up yet (weights load, compile): not a failure yet.
             return "wait"
         self.misses += 1
         if self.misses < self.failures:
@@ -117,6 +127,14 @@ def probe(url: str, key: str, model: str, timeout: float) -> bool:
         return False
 
 
+def health(url: str, timeout: float) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=timeout) as answer:  # noqa: S310
+            return answer.status == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
 def write_state(path: Path, **state) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps({**state, "at": int(time.time())}) + "\n")
@@ -143,7 +161,8 @@ def main(argv: list[str] | None = None) -> int:
         key = json.loads(args.auth.read_text())["key"] if args.auth and args.auth.exists() else ""
         since = started_at(args.docker_socket, args.container)
         answered = since is not None and probe(args.url, key, args.model, args.timeout)
-        verdict = watch.decide(time.time(), answered, since)
+        up = since is not None and not answered and health(args.url, args.timeout)
+        verdict = watch.decide(time.time(), answered, since, up)
         if verdict == "restart":
             print(f"watchdog: {args.model} did not answer {args.failures} probes: restarting "
                   f"{args.container}", flush=True)  # fmt: skip

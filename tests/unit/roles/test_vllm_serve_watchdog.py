@@ -52,6 +52,22 @@ def test_the_grace_ends_once_the_started_group_has_served():
     ]  # fmt: skip
 
 
+def test_the_grace_ends_once_the_started_server_is_up():
+    w = watch()
+    # Started 100 s before the first probe; /health answers but completions never do (a
+    # rank froze right after the start): judged at once, not 600 s later.
+    verdicts = [w.decide(10_000.0 + i * 30, False, 9_900.0, up=True) for i in range(3)]
+    assert verdicts == ["wait", "wait", "restart"]
+
+
+def test_an_up_server_from_before_the_start_does_not_end_the_grace():
+    w = watch()
+    assert w.decide(9_800.0, False, 9_000.0, up=True) == "wait"
+    # Restarted at 9 900 s; not up again yet: waiting, not counting.
+    assert run(w, [False] * 4, started_at=9_900.0) == ["wait"] * 4
+    assert w.misses == 1
+
+
 def test_a_stopped_container_counts_as_missing():
     assert run(watch(), [False, False, False], started_at=None) == ["wait", "wait", "restart"]
 
