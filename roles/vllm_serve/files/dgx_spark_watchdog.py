@@ -50,9 +50,7 @@ class Watch:
     last_answer: float | None = None
     last_up: float | None = None
 
-    def decide(
-        self, now: float, answered: bool, started_at: float | None, up: bool = False
-    ) -> str:
+    def decide(self, now: float, answered: bool, started_at: float | None, up: bool = False) -> str:
         """'ok', 'wait', 'restart' or 'give-up' after one probe at ``now``.
 
         ``started_at`` is when the serving container last started (None: not running);
