@@ -146,16 +146,112 @@ def combine_transports(per_rank: list[str]) -> str:
     return "mixed:" + ",".join(sorted(kinds))
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = arguments(argv)
-    checks = load_link_checks()
-    debug_dir = nccl_debug_to_file() if args.device == "cuda" else None
+def buffer_layout(size: int, world: int, elem: int, dtype: str) -> tuple[int, int, str]:
+    """Elements per rank and the bytes gathered (``size`` rounded down), or an error."""
+    count = size // (world * elem)
+    if count < 1:
+        return 0, 0, f"--size {size} is too small for {world} ranks of {dtype}"
+    return count, count * world * elem, ""
 
-    import torch  # noqa: PLC0415 - after NCCL_DEBUG is set, before NCCL initialises
-    import torch.distributed as dist  # noqa: PLC0415
 
+def memory_refusal(rank: int, size: int, world: int, free: int) -> str:
+    """Why the buffers (the gathered bytes and one rank's share) may not take the memory."""
+    need = size + size // world
+    if need > free // 2:
+        return (
+            f"rank {rank}: the buffers need {need} bytes but only {free} are free; "
+            "refusing to take more than half (choose a smaller --size)"
+        )
+    return ""
+
+
+def gloo_transport() -> dict:
+    """The transport record of a Gloo run, which has no NCCL log to read."""
+    return {
+        "transport": "gloo",
+        "ib_devices": [],
+        "socket_ifaces": [],
+        "networks": [],
+        "channels": {},
+        "gdr": False,
+    }
+
+
+def merge_rank_transports(transport: dict, gathered: list[dict]) -> tuple[list, list, dict]:
+    """Hosts, each rank's transport, and this rank's record with every rank's IB devices."""
+    hosts = sorted({g["host"] for g in gathered})
+    per_rank = [g["transport"]["transport"] for g in gathered]
+    merged = dict(transport)
+    merged["transport"] = combine_transports(per_rank)
+    for g in gathered:
+        for dev in g["transport"]["ib_devices"]:
+            if dev not in merged["ib_devices"]:
+                merged["ib_devices"] = merged["ib_devices"] + [dev]
+    return hosts, per_rank, merged
+
+
+def bandwidths(size: int, elapsed: float, world: int) -> tuple[float, float]:
+    """algbw and busbw in GB/s, as nccl-tests all_gather_perf defines them."""
+    algbw = size / elapsed / 1e9
+    return algbw, algbw * (world - 1) / world
+
+
+def needs_ib(mode: str, hosts: list, backend: str) -> bool:
+    """Whether the decision requires NET/IB: ``auto`` when the ranks span hosts, never on Gloo."""
+    if backend != "nccl":
+        return False
+    return len(hosts) > 1 if mode == "auto" else mode == "yes"
+
+
+def decide(checks, args, busbw: float, merged: dict, require_ib: bool, wrong: int) -> dict:
+    """link_checks' decision on the bandwidth and transport, failed by any wrong value."""
+    decision = checks.decide_nccl(
+        busbw,
+        merged,
+        args.min_busbw if args.min_busbw is not None else checks.DEFAULT_MIN_BUSBW_GBPS,
+        args.reference if args.reference is not None else checks.REFERENCE_BUSBW_GBPS,
+        require_ib=require_ib,
+    )
+    if wrong:
+        decision["passed"] = False
+        decision["reasons"].append(f"{wrong} wrong values after all_gather (data corruption)")
+        decision["message"] += f"; FAIL: {wrong} wrong values"
+    return decision
+
+
+def report_line(args, run: dict, decision: dict, versions: dict, environ) -> dict:
+    """The JSON line: the run's measurements (``run``), the decision and what ran it."""
+    merged = run["merged"]
+    return {
+        "check": "nccl_all_gather",
+        "rank": run["rank"],
+        "world_size": run["world"],
+        "hosts": run["hosts"],
+        "backend": run["backend"],
+        "dtype": args.dtype,
+        "size_bytes": run["size"],
+        "count_per_rank": run["count"],
+        "iters": args.iters,
+        "warmup": args.warmup,
+        "time_us": round(run["elapsed"] * 1e6, 1),
+        "algbw_gbps": round(run["algbw"], 3),
+        "busbw_gbps": round(run["busbw"], 3),
+        "percent_of_reference": decision["percent_of_reference"],
+        "wrong": run["wrong"],
+        "transport": merged["transport"],
+        "transports_by_rank": run["per_rank"],
+        "nccl": merged,
+        "nccl_version": versions["nccl"],
+        "torch": versions["torch"],
+        "env": {k: environ[k] for k in _ENV_SHOWN if k in environ},
+        "decision": {k: decision[k] for k in ("passed", "message", "reasons")},
+    }
+
+
+def init_ranks(torch, dist, device_kind: str) -> tuple[int, object, str]:
+    """Join the process group: this process's local rank, its device and the backend."""
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    if args.device == "cuda":
+    if device_kind == "cuda":
         if not torch.cuda.is_available():
             sys.exit("no CUDA device visible; use --device cpu for a Gloo smoke test")
         torch.cuda.set_device(local_rank)
@@ -165,27 +261,29 @@ def main(argv: list[str] | None = None) -> int:
         device = torch.device("cpu")
         backend = "gloo"
     dist.init_process_group(backend=backend)
-    rank, world = dist.get_rank(), dist.get_world_size()
-    if world < 2:
-        sys.exit("all_gather needs at least 2 ranks (torchrun --nproc-per-node / --nnodes)")
+    return local_rank, device, backend
 
+
+def buffers(torch, args, device, rank: int, world: int) -> tuple[object, int, int]:
+    """The dtype, the elements per rank and the bytes gathered; exits when they do not fit."""
     dtype = getattr(torch, args.dtype)
     elem = torch.tensor([], dtype=dtype).element_size()
-    count = args.size // (world * elem)
-    if count < 1:
-        sys.exit(f"--size {args.size} is too small for {world} ranks of {args.dtype}")
-    size = count * world * elem
+    count, size, error = buffer_layout(args.size, world, elem, args.dtype)
+    if error:
+        sys.exit(error)
     if args.device == "cuda":
-        free, _total = torch.cuda.mem_get_info(device)
-        need = size + size // world
-        if need > free // 2:
-            sys.exit(
-                f"rank {rank}: the buffers need {need} bytes but only {free} are free; "
-                "refusing to take more than half (choose a smaller --size)"
-            )
+        refusal = memory_refusal(rank, size, world, torch.cuda.mem_get_info(device)[0])
+        if refusal:
+            sys.exit(refusal)
+    return dtype, count, size
 
-    send = torch.full((count,), float(rank), dtype=dtype, device=device)
-    recv = torch.empty((count * world,), dtype=dtype, device=device)
+
+def time_all_gather(torch, dist, args: argparse.Namespace, run: dict, device, dtype) -> None:
+    """Gather once and count the wrong values, warm up, then time ``--iters`` gathers; the
+    slowest rank's mean time goes into ``run`` as ``elapsed``, the wrong count as ``wrong``."""
+    rank, world, backend = run["rank"], run["world"], run["backend"]
+    send = torch.full((run["count"],), float(rank), dtype=dtype, device=device)
+    recv = torch.empty((run["count"] * world,), dtype=dtype, device=device)
 
     def sync():
         if args.device == "cuda":
@@ -202,12 +300,12 @@ def main(argv: list[str] | None = None) -> int:
     gather()
     sync()
     # Rank r's block must hold r everywhere (checked block by block: no second full buffer).
-    wrong = sum(int((chunk != float(r)).sum().item()) for r, chunk in enumerate(chunks))
+    run["wrong"] = sum(int((chunk != float(r)).sum().item()) for r, chunk in enumerate(chunks))
     for _step in range(args.warmup):
         gather()
     sync()
     if backend == "nccl":
-        dist.barrier(device_ids=[local_rank])
+        dist.barrier(device_ids=[run["local_rank"]])
     else:
         dist.barrier()
     started = time.perf_counter()
@@ -217,67 +315,50 @@ def main(argv: list[str] | None = None) -> int:
     elapsed = (time.perf_counter() - started) / args.iters
     slowest = torch.tensor([elapsed], dtype=torch.float64, device=device)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-    elapsed = float(slowest.item())
+    run["elapsed"] = float(slowest.item())
 
-    transport = checks.nccl_transport(read_debug(debug_dir)) if backend == "nccl" else {
-        "transport": "gloo", "ib_devices": [], "socket_ifaces": [], "networks": [],
-        "channels": {}, "gdr": False,
-    }  # fmt: skip
+
+def nccl_version(torch, backend: str) -> str | None:
+    if backend != "nccl":
+        return None
+    version = torch.cuda.nccl.version()
+    return ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = arguments(argv)
+    checks = load_link_checks()
+    debug_dir = nccl_debug_to_file() if args.device == "cuda" else None
+
+    import torch  # noqa: PLC0415 - after NCCL_DEBUG is set, before NCCL initialises
+    import torch.distributed as dist  # noqa: PLC0415
+
+    local_rank, device, backend = init_ranks(torch, dist, args.device)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if world < 2:
+        sys.exit("all_gather needs at least 2 ranks (torchrun --nproc-per-node / --nnodes)")
+    dtype, count, size = buffers(torch, args, device, rank, world)
+    run = {
+        "rank": rank,
+        "world": world,
+        "local_rank": local_rank,
+        "backend": backend,
+        "count": count,
+        "size": size,
+    }
+    time_all_gather(torch, dist, args, run, device, dtype)
+
+    transport = (
+        checks.nccl_transport(read_debug(debug_dir)) if backend == "nccl" else gloo_transport()
+    )
     gathered: list = [None] * world
     dist.all_gather_object(gathered, {"host": socket.gethostname(), "transport": transport})
-    hosts = sorted({g["host"] for g in gathered})
-    per_rank = [g["transport"]["transport"] for g in gathered]
-    merged = dict(transport)
-    merged["transport"] = combine_transports(per_rank)
-    for g in gathered:
-        for dev in g["transport"]["ib_devices"]:
-            if dev not in merged["ib_devices"]:
-                merged["ib_devices"] = merged["ib_devices"] + [dev]
-
-    algbw = size / elapsed / 1e9
-    busbw = algbw * (world - 1) / world
-    require_ib = len(hosts) > 1 if args.require_ib == "auto" else args.require_ib == "yes"
-    if backend != "nccl":
-        require_ib = False
-    decision = checks.decide_nccl(
-        busbw,
-        merged,
-        args.min_busbw if args.min_busbw is not None else checks.DEFAULT_MIN_BUSBW_GBPS,
-        args.reference if args.reference is not None else checks.REFERENCE_BUSBW_GBPS,
-        require_ib=require_ib,
-    )
-    if wrong:
-        decision["passed"] = False
-        decision["reasons"].append(f"{wrong} wrong values after all_gather (data corruption)")
-        decision["message"] += f"; FAIL: {wrong} wrong values"
-    nccl_version = None
-    if backend == "nccl":
-        version = torch.cuda.nccl.version()
-        nccl_version = ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
-    line = {
-        "check": "nccl_all_gather",
-        "rank": rank,
-        "world_size": world,
-        "hosts": hosts,
-        "backend": backend,
-        "dtype": args.dtype,
-        "size_bytes": size,
-        "count_per_rank": count,
-        "iters": args.iters,
-        "warmup": args.warmup,
-        "time_us": round(elapsed * 1e6, 1),
-        "algbw_gbps": round(algbw, 3),
-        "busbw_gbps": round(busbw, 3),
-        "percent_of_reference": decision["percent_of_reference"],
-        "wrong": wrong,
-        "transport": merged["transport"],
-        "transports_by_rank": per_rank,
-        "nccl": merged,
-        "nccl_version": nccl_version,
-        "torch": torch.__version__,
-        "env": {k: os.environ[k] for k in _ENV_SHOWN if k in os.environ},
-        "decision": {k: decision[k] for k in ("passed", "message", "reasons")},
-    }
+    run["hosts"], run["per_rank"], run["merged"] = merge_rank_transports(transport, gathered)
+    run["algbw"], run["busbw"] = bandwidths(size, run["elapsed"], world)
+    require_ib = needs_ib(args.require_ib, run["hosts"], backend)
+    decision = decide(checks, args, run["busbw"], run["merged"], require_ib, run["wrong"])
+    versions = {"nccl": nccl_version(torch, backend), "torch": torch.__version__}
+    line = report_line(args, run, decision, versions, os.environ)
     if rank == 0 or args.all_ranks:
         print(json.dumps(line, sort_keys=True), flush=True)
     dist.destroy_process_group()

@@ -89,3 +89,77 @@ def test_script_combines_rank_transports(script):
     assert script.combine_transports(["IB", "Socket"]) == "Socket"
     assert script.combine_transports(["P2P", "P2P"]) == "P2P"
     assert script.combine_transports(["IB", "unknown"]) == "mixed:IB,unknown"
+
+
+@pytest.mark.parametrize(
+    ("size", "world", "elem", "expected"),
+    [
+        (1 << 30, 2, 4, (1 << 27, 1 << 30, "")),
+        (1001, 2, 4, (125, 1000, "")),  # rounded down to whole elements per rank
+        (7, 2, 4, (0, 0, "--size 7 is too small for 2 ranks of float32")),
+    ],
+)
+def test_script_buffer_layout(script, size, world, elem, expected):
+    assert script.buffer_layout(size, world, elem, "float32") == expected
+
+
+def test_script_takes_at_most_half_the_free_memory(script):
+    assert script.memory_refusal(0, 4 << 30, 2, 12 << 30) == ""
+    refusal = script.memory_refusal(1, 4 << 30, 2, 11 << 30)
+    assert refusal.startswith(f"rank 1: the buffers need {6 << 30} bytes but only {11 << 30}")
+
+
+def test_script_merges_every_ranks_transport(script):
+    mine = {"transport": "IB", "ib_devices": ["rocep1s0f1"], "socket_ifaces": []}
+    gathered = [
+        {"host": "spark-1", "transport": mine},
+        {"host": "spark-2", "transport": {"transport": "IB", "ib_devices": ["roceP2p1s0f1"]}},
+    ]
+    hosts, per_rank, merged = script.merge_rank_transports(mine, gathered)
+    assert (hosts, per_rank) == (["spark-1", "spark-2"], ["IB", "IB"])
+    assert merged["ib_devices"] == ["rocep1s0f1", "roceP2p1s0f1"]
+    assert mine["ib_devices"] == ["rocep1s0f1"]  # the rank's own record is left as it was
+
+
+@pytest.mark.parametrize(
+    ("mode", "hosts", "backend", "expected"),
+    [
+        ("auto", ["spark-1", "spark-2"], "nccl", True),
+        ("auto", ["spark-1"], "nccl", False),
+        ("yes", ["spark-1"], "nccl", True),
+        ("no", ["spark-1", "spark-2"], "nccl", False),
+        ("yes", ["spark-1", "spark-2"], "gloo", False),
+    ],
+)
+def test_script_requires_ib_across_hosts(script, mode, hosts, backend, expected):
+    assert script.needs_ib(mode, hosts, backend) is expected
+
+
+def test_script_bandwidths_and_decision(script):
+    algbw, busbw = script.bandwidths(4 << 30, 0.1, 2)
+    assert (round(algbw, 3), round(busbw, 3)) == (42.95, 21.475)
+    args = script.arguments(["--size", "4G"])
+    checks = script.load_link_checks()
+    transport = {"transport": "IB", "ib_devices": ["rocep1s0f1"]}
+    assert script.decide(checks, args, 24.0, transport, True, 0)["passed"] is True
+    decision = script.decide(checks, args, 24.0, transport, True, 3)
+    assert decision["passed"] is False
+    assert decision["reasons"] == ["3 wrong values after all_gather (data corruption)"]
+    assert decision["message"].endswith("; FAIL: 3 wrong values")
+
+
+def test_script_report_line(script):
+    args = script.arguments(["--size", "1M", "--iters", "2"])
+    merged = {"transport": "gloo", "ib_devices": []}
+    run = {"rank": 0, "world": 2, "hosts": ["vm"], "backend": "gloo", "size": 1 << 20,
+           "count": 1 << 17, "elapsed": 0.00123456, "algbw": 0.8494, "busbw": 0.4247,
+           "wrong": 0, "per_rank": ["gloo", "gloo"], "merged": merged}  # fmt: skip
+    decision = {"passed": False, "message": "m", "reasons": ["r"], "percent_of_reference": 1.7}
+    environ = {"NCCL_IB_DISABLE": "1", "HOME": "/root"}
+    versions = {"nccl": None, "torch": "2.13.0"}
+    line = script.report_line(args, run, decision, versions, environ)
+    assert line["time_us"] == 1234.6 and line["busbw_gbps"] == 0.425
+    assert line["env"] == {"NCCL_IB_DISABLE": "1"}
+    assert line["decision"] == {"passed": False, "message": "m", "reasons": ["r"]}
+    assert (line["iters"], line["warmup"]) == (2, 5)
+    assert (line["transport"], line["nccl"]) == ("gloo", merged)
