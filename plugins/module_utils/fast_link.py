@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from typing import NamedTuple
 
 VAR = "host_prep_cx7_links"
 # IPv6's minimum link MTU up to the mlx5 driver's largest (ConnectX-7 max_mtu 9978).
@@ -69,6 +70,149 @@ def check_mtu(mtu: object, host: str, var: str = "host_prep_mtu") -> list[str]:
     return []
 
 
+class _Node(NamedTuple):
+    """What every entry of one node's links is checked against."""
+
+    host: str
+    interfaces: dict[str, dict]
+    fast_ip: str
+    mgmt_ip: str
+    mgmt_addr: ipaddress.IPv4Address | ipaddress.IPv6Address | None
+    mgmt_iface: str | None
+
+
+def _management(interfaces: dict[str, dict], facts: dict, mgmt_ip: str) -> tuple:
+    """The management address (None when ansible_host is not an IP) and its interface."""
+    try:
+        mgmt_addr = ipaddress.ip_address(mgmt_ip) if mgmt_ip else None
+    except ValueError:
+        mgmt_addr = None
+    # The management interface is the one carrying ansible_host; when ansible_host is a name,
+    # the interface of the default route stands in for it.
+    if mgmt_addr is not None:
+        return mgmt_addr, _carrier(interfaces, str(mgmt_addr))
+    return None, (facts.get("default_ipv4") or {}).get("interface")
+
+
+def _link_address(where: str, address: object) -> tuple[ipaddress.IPv4Interface | None, str]:
+    """An entry's address as an interface of a point-to-point subnet, or why it is not one."""
+    if address in (None, ""):
+        return None, f"{where}.address is missing (e.g. 198.51.100.11/24)"
+    if "/" not in str(address):
+        return None, f"{where}.address {address!r} needs a prefix length (IP/prefix)"
+    try:
+        iface = ipaddress.IPv4Interface(str(address))
+    except ValueError:
+        return None, f"{where}.address {address!r} is not an IPv4 address with a prefix"
+    if not 8 <= iface.network.prefixlen <= 30:
+        return None, (f"{where}.address {address}: prefix /{iface.network.prefixlen} "
+                      "leaves no room for a point-to-point link (use /8 to /30)")  # fmt: skip
+    if iface.ip in (iface.network.network_address, iface.network.broadcast_address):
+        return None, (f"{where}.address {address} is its subnet's network or broadcast "
+                      "address")  # fmt: skip
+    return iface, ""
+
+
+def _link_netdev(where: str, netdev: str, ip: str, node: _Node) -> tuple[str | None, str]:
+    """The entry's interface (``auto``: the one carrying spark_fast_ip), or why there is none."""
+    if netdev == AUTO:
+        found = _carrier(node.interfaces, node.fast_ip)
+        if ip != node.fast_ip:
+            return None, (
+                f"{where}.netdev is auto, which finds the interface carrying spark_fast_ip "
+                f"({node.fast_ip}), but this entry's address is {ip}: name its netdev"
+            )
+        if found is None:
+            return None, (
+                f"{where}.netdev is auto but no interface on {node.host} carries spark_fast_ip "
+                f"({node.fast_ip}) yet: name the netdev (ibdev2netdev lists them)"
+            )
+        return found, ""
+    if not _NAME.match(netdev):
+        return None, f"{where}.netdev {netdev!r} is not an interface name"
+    if netdev not in node.interfaces:
+        have = ", ".join(sorted(node.interfaces)) or "none"
+        return None, f"{where}.netdev {netdev} is not an interface on {node.host} (it has: {have})"
+    return netdev, ""
+
+
+def _management_clash(where: str, netdev: str, address: object, iface, node: _Node) -> str:
+    """Why the entry would touch the management network, or ""."""
+    if netdev == node.mgmt_iface:
+        return (
+            f"{where}.netdev {netdev} is the management interface (it carries ansible_host "
+            f"{node.mgmt_ip or '(default route)'}); host_prep never touches it"
+        )
+    if node.mgmt_addr is not None and node.mgmt_addr in iface.network:
+        return (
+            f"{where}.address {address}: its subnet {iface.network} contains the management "
+            f"address ansible_host {node.mgmt_ip}; give the fast link a subnet of its own"
+        )
+    return ""
+
+
+def _resolve_link(index: int, link: object, node: _Node) -> tuple[dict | None, list[str]]:
+    """One entry of ``host_prep_cx7_links``: the resolved link (None when it is unusable) and
+    the errors that name it."""
+    where = f"{node.host}: {VAR}[{index}]"
+    if not isinstance(link, dict):
+        return None, [f"{where} must be a dict with netdev and address, got {link!r}"]
+    errors = []
+    unknown = sorted(set(link) - {"netdev", "roce", "address"})
+    if unknown:
+        errors.append(f"{where} has unknown keys {unknown}; use netdev, roce, address")
+    address = link.get("address")
+    iface, error = _link_address(where, address)
+    if iface is None:
+        return None, errors + [error]
+    ip = str(iface.ip)
+    netdev, error = _link_netdev(where, str(link.get("netdev") or AUTO), ip, node)
+    error = error or _management_clash(where, netdev, address, iface, node)
+    if error:
+        return None, errors + [error]
+    roce = link.get("roce") or ""
+    if roce == AUTO:
+        roce = ""
+    if roce and not _ROCE.match(str(roce)):
+        return None, errors + [f"{where}.roce {roce!r} is not a RoCE device name (e.g. rocep1s0f1)"]
+    resolved = {
+        "index": index,
+        "netdev": netdev,
+        "roce": str(roce),
+        "address": f"{ip}/{iface.network.prefixlen}",
+        "ip": ip,
+        "prefix": iface.network.prefixlen,
+        "network": str(iface.network),
+    }
+    return resolved, errors
+
+
+def _duplicates(host: str, resolved: list[dict]) -> list[str]:
+    """Two entries of one node with the same netdev, address, subnet or RoCE device."""
+    errors = []
+    seen: dict[str, dict[str, int]] = {"netdev": {}, "ip": {}, "network": {}, "roce": {}}
+    for link in resolved:
+        for key, what in (
+            ("netdev", "netdev"),
+            ("ip", "address"),
+            ("network", "subnet"),
+            ("roce", "roce"),
+        ):
+            value = link[key]
+            if not value:
+                continue
+            if value in seen[key]:
+                first = seen[key][value]
+                hint = "; each twin needs a subnet of its own" if key == "network" else ""
+                errors.append(
+                    f"{host}: {VAR}[{first}] and {VAR}[{link['index']}] have the same "
+                    f"{what} {value}{hint}"
+                )
+            else:
+                seen[key][value] = link["index"]
+    return errors
+
+
 def resolve_links(
     links: object,
     host: str,
@@ -90,119 +234,14 @@ def resolve_links(
             "errors": errors + [f"{host}: {VAR} must be a non-empty list of links"],
         }
     interfaces = interfaces_from_facts(facts)
-    mgmt_addr = None
-    try:
-        mgmt_addr = ipaddress.ip_address(mgmt_ip) if mgmt_ip else None
-    except ValueError:
-        mgmt_addr = None
-    # The management interface is the one carrying ansible_host; when ansible_host is a name,
-    # the interface of the default route stands in for it.
-    if mgmt_addr is not None:
-        mgmt_iface = _carrier(interfaces, str(mgmt_addr))
-    else:
-        mgmt_iface = (facts.get("default_ipv4") or {}).get("interface")
+    node = _Node(host, interfaces, fast_ip, mgmt_ip, *_management(interfaces, facts, mgmt_ip))
     resolved = []
     for index, link in enumerate(links):
-        where = f"{host}: {VAR}[{index}]"
-        if not isinstance(link, dict):
-            errors.append(f"{where} must be a dict with netdev and address, got {link!r}")
-            continue
-        unknown = sorted(set(link) - {"netdev", "roce", "address"})
-        if unknown:
-            errors.append(f"{where} has unknown keys {unknown}; use netdev, roce, address")
-        address = link.get("address")
-        if address in (None, ""):
-            errors.append(f"{where}.address is missing (e.g. 198.51.100.11/24)")
-            continue
-        if "/" not in str(address):
-            errors.append(f"{where}.address {address!r} needs a prefix length (IP/prefix)")
-            continue
-        try:
-            iface = ipaddress.IPv4Interface(str(address))
-        except ValueError:
-            errors.append(f"{where}.address {address!r} is not an IPv4 address with a prefix")
-            continue
-        if not 8 <= iface.network.prefixlen <= 30:
-            errors.append(f"{where}.address {address}: prefix /{iface.network.prefixlen} "
-                          "leaves no room for a point-to-point link (use /8 to /30)")  # fmt: skip
-            continue
-        if iface.ip in (iface.network.network_address, iface.network.broadcast_address):
-            errors.append(f"{where}.address {address} is its subnet's network or broadcast "
-                          "address")  # fmt: skip
-            continue
-        ip = str(iface.ip)
-        netdev = str(link.get("netdev") or AUTO)
-        if netdev == AUTO:
-            found = _carrier(interfaces, fast_ip)
-            if ip != fast_ip:
-                errors.append(
-                    f"{where}.netdev is auto, which finds the interface carrying spark_fast_ip "
-                    f"({fast_ip}), but this entry's address is {ip}: name its netdev"
-                )
-                continue
-            if found is None:
-                errors.append(
-                    f"{where}.netdev is auto but no interface on {host} carries spark_fast_ip "
-                    f"({fast_ip}) yet: name the netdev (ibdev2netdev lists them)"
-                )
-                continue
-            netdev = found
-        elif not _NAME.match(netdev):
-            errors.append(f"{where}.netdev {netdev!r} is not an interface name")
-            continue
-        elif netdev not in interfaces:
-            have = ", ".join(sorted(interfaces)) or "none"
-            errors.append(f"{where}.netdev {netdev} is not an interface on {host} (it has: {have})")
-            continue
-        if netdev == mgmt_iface:
-            errors.append(
-                f"{where}.netdev {netdev} is the management interface (it carries ansible_host "
-                f"{mgmt_ip or '(default route)'}); host_prep never touches it"
-            )
-            continue
-        if mgmt_addr is not None and mgmt_addr in iface.network:
-            errors.append(
-                f"{where}.address {address}: its subnet {iface.network} contains the management "
-                f"address ansible_host {mgmt_ip}; give the fast link a subnet of its own"
-            )
-            continue
-        roce = link.get("roce") or ""
-        if roce == AUTO:
-            roce = ""
-        if roce and not _ROCE.match(str(roce)):
-            errors.append(f"{where}.roce {roce!r} is not a RoCE device name (e.g. rocep1s0f1)")
-            continue
-        resolved.append(
-            {
-                "index": index,
-                "netdev": netdev,
-                "roce": str(roce),
-                "address": f"{ip}/{iface.network.prefixlen}",
-                "ip": ip,
-                "prefix": iface.network.prefixlen,
-                "network": str(iface.network),
-            }
-        )
-    seen: dict[str, dict[str, int]] = {"netdev": {}, "ip": {}, "network": {}, "roce": {}}
-    for link in resolved:
-        for key, what in (
-            ("netdev", "netdev"),
-            ("ip", "address"),
-            ("network", "subnet"),
-            ("roce", "roce"),
-        ):
-            value = link[key]
-            if not value:
-                continue
-            if value in seen[key]:
-                first = seen[key][value]
-                hint = "; each twin needs a subnet of its own" if key == "network" else ""
-                errors.append(
-                    f"{host}: {VAR}[{first}] and {VAR}[{link['index']}] have the same "
-                    f"{what} {value}{hint}"
-                )
-            else:
-                seen[key][value] = link["index"]
+        entry, entry_errors = _resolve_link(index, link, node)
+        errors.extend(entry_errors)
+        if entry is not None:
+            resolved.append(entry)
+    errors.extend(_duplicates(host, resolved))
     if fast_ip and not any(link["ip"] == fast_ip for link in resolved) and not errors:
         errors.append(
             f"{host}: spark_fast_ip ({fast_ip}) is not the address of any entry in {VAR}; "
