@@ -431,68 +431,86 @@ def read_image(client, node: str, image: str, params: dict, request: str) -> tup
     return image_id, doc, info
 
 
-def run_module(module: AnsibleModule, node: str) -> dict:
-    params = module.params
+def connect(docker_host: str, node: str):
+    """A client of the node's Docker daemon, or an error that says how to reach it."""
     try:
-        client = docker.DockerClient(
-            base_url=params["docker_host"], version="auto", timeout=API_TIMEOUT
-        )
+        return docker.DockerClient(base_url=docker_host, version="auto", timeout=API_TIMEOUT)
     except DockerException as exc:
         raise InspectError(
-            f"cannot reach the Docker daemon at {params['docker_host']} on node {node}: {exc}. "
+            f"cannot reach the Docker daemon at {docker_host} on node {node}: {exc}. "
             "Check that dockerd runs there and that the task may use its socket "
             "(become: true, or membership of the docker group)"
         ) from exc
+
+
+def check_architectures(params: dict, info: dict, doc: dict) -> list:
+    """The wanted architectures against the registry; in import mode, against the imports."""
+    if params["mode"] == "import":
+        return classify(
+            params["architectures"],
+            info["architectures"],
+            imports=doc.get("imports") or {},
+            registry_import_error=doc.get("registry_import_error"),
+        )
+    return classify(params["architectures"], info["architectures"])
+
+
+def image_result(params: dict, node: str, image_id: str, doc: dict, info: dict) -> dict:
+    """The module's result for the image, before any comparison and the table."""
+    result = {
+        "changed": False,
+        "node": node,
+        "image": params["image"],
+        "image_id": image_id,
+        "mode": params["mode"],
+        "python": info["python"],
+        "versions": info["versions"],
+        "vllm_path": info["vllm_path"],
+        "architectures": info["architectures"],
+        "checked": check_architectures(params, info, doc),
+        "platform": info["platform"],
+    }
+    if params["modules"]:
+        result["modules"] = info["modules"]
+    if params["registry_source"]:
+        result["registry_source"] = info["registry_text"]
+    if doc.get("registry_import_error"):
+        result["registry_import_error"] = doc["registry_import_error"]
+    return result
+
+
+def compare_with(client, node: str, params: dict, info: dict) -> dict:
+    """What the image holds against the registry of ``compare_to``, read statically."""
+    other = params["compare_to"]
+    other_id, _doc, other_info = read_image(
+        client, node, other, params, probe_request("static", [])
+    )
+    comparison = compare(info, other_info)
+    comparison["compare_to"] = {
+        "image": other,
+        "image_id": other_id,
+        "versions": other_info["versions"],
+        "vllm_path": other_info["vllm_path"],
+    }
+    return comparison
+
+
+def run_module(module: AnsibleModule, node: str) -> dict:
+    params = module.params
+    client = connect(params["docker_host"], node)
     try:
         request = probe_request(params["mode"], params["architectures"], params["modules"])
         image_id, doc, info = read_image(client, node, params["image"], params, request)
-        if params["mode"] == "import":
-            checked = classify(
-                params["architectures"],
-                info["architectures"],
-                imports=doc.get("imports") or {},
-                registry_import_error=doc.get("registry_import_error"),
-            )
-        else:
-            checked = classify(params["architectures"], info["architectures"])
-        result = {
-            "changed": False,
-            "node": node,
-            "image": params["image"],
-            "image_id": image_id,
-            "mode": params["mode"],
-            "python": info["python"],
-            "versions": info["versions"],
-            "vllm_path": info["vllm_path"],
-            "architectures": info["architectures"],
-            "checked": checked,
-            "platform": info["platform"],
-        }
-        if params["modules"]:
-            result["modules"] = info["modules"]
-        if params["registry_source"]:
-            result["registry_source"] = info["registry_text"]
-        if doc.get("registry_import_error"):
-            result["registry_import_error"] = doc["registry_import_error"]
+        result = image_result(params, node, image_id, doc, info)
         comparison = None
         if params["compare_to"]:
-            other = params["compare_to"]
-            other_id, _doc, other_info = read_image(
-                client, node, other, params, probe_request("static", [])
-            )
-            comparison = compare(info, other_info)
-            comparison["compare_to"] = {
-                "image": other,
-                "image_id": other_id,
-                "versions": other_info["versions"],
-                "vllm_path": other_info["vllm_path"],
-            }
+            comparison = compare_with(client, node, params, info)
             result["comparison"] = comparison
         result["table"] = format_table(
             params["image"],
             image_id,
             info,
-            checked,
+            result["checked"],
             params["mode"],
             comparison,
             params["compare_to"],
