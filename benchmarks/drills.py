@@ -21,7 +21,8 @@ Faults (names for --faults):
   head-reboot     restart the head's node container
   power-cut       kill both node containers, start the head, then the worker
   power-cut-late  kill both, start the worker, then the head 60 s later
-  link-drop       take the worker off the fast network for 30 s, then back
+  link-drop       take the worker's fast-link interface down for 30 s, then up again (as a
+                  pulled cable: the interface keeps its name and address)
 
 Usage: drills.py [--faults a,b,...] [--timeout 600] [--json PATH]
 The pair must be serving (make demo) and keeps serving afterwards unless a fault was not
@@ -114,6 +115,14 @@ def kill_main_process(node, container: str) -> None:
     on_node(node, "kill", "-9", pid)
 
 
+def fast_interface(node) -> str:
+    for line in on_node(node, "ip", "-o", "-4", "addr", "show").splitlines():
+        fields = line.split()
+        if fields[3].split("/")[0] == node.fast_ip:
+            return fields[1]
+    raise RuntimeError(f"{node.name}: no interface has {node.fast_ip}")
+
+
 def wait_node(node) -> None:
     simctl.wait_ready(node)
 
@@ -143,9 +152,12 @@ def make_fault(name: str, head, worker) -> None:
         time.sleep(60)
         docker("start", head.container)
     elif name == "link-drop":
-        docker("network", "disconnect", simctl.FAST_NETWORK, worker.container)
+        # Not `docker network disconnect`: reconnecting renames the interface (eth0 -> eth2),
+        # which no cable does, and the ranks' *_SOCKET_IFNAME would name a missing device.
+        link = fast_interface(worker)
+        on_node(worker, "ip", "link", "set", "dev", link, "down")
         time.sleep(30)
-        docker("network", "connect", "--ip", worker.fast_ip, simctl.FAST_NETWORK, worker.container)
+        on_node(worker, "ip", "link", "set", "dev", link, "up")
     else:
         raise ValueError(f"unknown fault {name!r}; known: {', '.join(FAULTS)}")
 
