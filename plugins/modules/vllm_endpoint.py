@@ -113,9 +113,9 @@ text:
 import json  # noqa: E402
 import time  # noqa: E402
 import urllib.error  # noqa: E402
-import urllib.request  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib  # noqa: E402
+from ansible.module_utils.urls import open_url  # noqa: E402
 from ansible_collections.dgx_spark.cluster.plugins.module_utils import vllm_health  # noqa: E402
 
 try:
@@ -126,13 +126,12 @@ except ImportError:
 
 def _http(url: str, body: dict | None, headers: dict, timeout: float) -> tuple[int, dict | None]:
     data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(url, data=data, headers=headers)
     if data is not None:
-        request.add_header("Content-Type", "application/json")
+        headers = {**headers, "Content-Type": "application/json"}
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as answer:  # noqa: S310
-            raw = answer.read()
-            status = answer.status
+        answer = open_url(url, data=data, headers=headers, timeout=timeout)
+        raw = answer.read()
+        status = answer.status
     except urllib.error.HTTPError as exc:
         return exc.code, None
     except (urllib.error.URLError, OSError, TimeoutError):
@@ -190,7 +189,7 @@ def wait(params: dict, client) -> dict:
                 result["excerpt"] = _log_excerpt(client, params["watch"])
                 return result
         remaining = deadline - time.monotonic()
-        status, _ = _http(f"{base}/health", None, {}, max(1.0, min(5.0, remaining)))
+        status = _http(f"{base}/health", None, {}, max(1.0, min(5.0, remaining)))[0]
         if status == 200 and not params["completion"]:
             result["healthy"] = True
             return result

@@ -28,7 +28,7 @@ def authorized(path: str, header: str | None, key: str, public: frozenset[str]) 
     """Whether a request for ``path`` with this Authorization header may pass."""
     if path in public:
         return True
-    scheme, _, presented = (header or "").partition(" ")
+    scheme, _sep, presented = (header or "").partition(" ")
     if scheme.lower() != "bearer" or not presented:
         return False
     return hmac.compare_digest(presented.strip().encode(), key.encode())

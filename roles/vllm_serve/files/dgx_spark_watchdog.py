@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 # Copyright: contributors to the dgx_spark.cluster collection
 # SPDX-License-Identifier: GPL-3.0-or-later
 """Liveness that asks the model, on the head: restart the serving group when it stops serving.
