@@ -1,0 +1,176 @@
+"""Cluster ports to peers only (host_prep's firewall) on the simulated pair. A container outside
+the nodes, on both of the sim's networks, is refused on Ray's ports and, while it is not in
+vllm_serve_allowed_sources, on the serving port; the peer and SSH get through; the nodes form
+Ray again and serve through the firewall; a rerun of the host_prep stage changes nothing; and
+the default (the management network) lets the outsider reach the serving port again."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+INVENTORY = Path(__file__).resolve().parents[2] / "inventories" / "sim"
+
+OUTSIDER = "dgxsim-firewall-outsider"
+GCS_PORT = 6379
+NODE_MANAGER_PORT = 6380
+SERVING_PORT = 8000
+# Refused means a TCP reset: the peer's "open" on the same port shows who refused it.
+PROBE = """
+import socket, sys
+s = socket.socket()
+s.settimeout(3)
+try:
+    s.connect((sys.argv[1], int(sys.argv[2])))
+    print("open")
+except ConnectionRefusedError:
+    print("refused")
+except OSError as exc:
+    print("unanswered", exc)
+"""
+
+
+def docker(*args: str) -> str:
+    proc = subprocess.run(["docker", *args], text=True, capture_output=True, check=False)
+    assert proc.returncode == 0, f"docker {' '.join(args[:3])}: {proc.stderr.strip()}"
+    return proc.stdout.strip()
+
+
+def connect(container: str, host: str, port: int) -> str:
+    """Opens a TCP connection from inside container: open, refused or unanswered."""
+    return docker("exec", container, "python3", "-c", PROBE, host, str(port))
+
+
+def refused(node, counter: str) -> int:
+    """Packets the node's firewall refused under that counter so far."""
+    out = docker("exec", node.container, "nft", "list", "counter", "inet", "dgx_spark", counter)
+    return int(re.search(r"packets (\d+)", out).group(1))
+
+
+def completion(node) -> int:
+    """Tokens of one completion asked from the controller with the inventory's key."""
+    serve = yaml.safe_load((INVENTORY / "group_vars/all/serve.yml").read_text())
+    body = {"model": serve["vllm_serve_served_model_name"], "prompt": "spark", "max_tokens": 2}
+    req = urllib.request.Request(
+        f"http://{node.mgmt_ip}:{SERVING_PORT}/v1/completions", data=json.dumps(body).encode()
+    )
+    req.add_header("Content-Type", "application/json")
+    req.add_header("Authorization", f"Bearer {serve['vllm_serve_api_key']}")
+    try:
+        with urllib.request.urlopen(req, timeout=60) as answer:
+            return json.loads(answer.read())["usage"]["completion_tokens"]
+    except (urllib.error.URLError, OSError, ValueError, KeyError) as exc:
+        pytest.fail(f"no completion from {node.mgmt_ip}:{SERVING_PORT}: {exc!r}")
+
+
+@pytest.fixture(scope="module")
+def outsider(sim):
+    """A container of the outer Docker on the sim's management and fast networks, not a node;
+    labelled as the sim's own, so `make sim-down` removes it too if this test cannot."""
+    subprocess.run(["docker", "rm", "-f", OUTSIDER], capture_output=True, check=False)
+    docker("run", "-d", "--rm", "--name", OUTSIDER, "--label", f"{sim.LABEL}=probe",
+           "--network", sim.MGMT_NETWORK, "--entrypoint", "sleep",
+           f"dgxsim-node:{sim.DEBIAN_SUITE}", "1800")  # fmt: skip
+    try:
+        docker("network", "connect", sim.FAST_NETWORK, OUTSIDER)
+        yield OUTSIDER
+    finally:
+        subprocess.run(["docker", "rm", "-f", OUTSIDER], capture_output=True, check=False)
+
+
+@pytest.fixture(scope="module")
+def controller(sim):
+    """The controller's address on the management network (the bridge's gateway)."""
+    return docker(
+        "network", "inspect", sim.MGMT_NETWORK, "-f", "{{(index .IPAM.Config 0).Gateway}}"
+    )
+
+
+@pytest.fixture(scope="module")
+def firewalled(deployed_pair, playbook, outsider, controller):
+    """The host_prep stage with the serving port narrowed to the controller alone; afterwards
+    the inventory's default comes back, whatever happened."""
+    state = {"extra": ["-e", json.dumps({"vllm_serve_allowed_sources": [f"{controller}/32"]})]}
+    run = playbook("playbooks/host_prep.yml", *state["extra"])
+    assert run.rc == 0, run.failures() or run.raw[-4000:]
+    print(f"\nhost_prep with the firewall: {run.seconds:.0f}s, changed {run.changed()}")
+    state["first"] = run
+    yield state
+    if not state.get("restored"):
+        back = playbook("playbooks/host_prep.yml", "--tags", "host_prep_firewall")
+        assert back.rc == 0, back.failures()
+
+
+def test_every_node_holds_the_table_with_the_other_as_its_peer(firewalled, nodes):
+    for node in nodes:
+        table = docker("exec", node.container, "nft", "-s", "list", "table", "inet", "dgx_spark")
+        assert "policy accept;" in table
+        peers = re.search(r"set peers \{[^}]*elements = \{ ([^}]*) \}", table).group(1)
+        assert peers.split(", ") == [n.fast_ip for n in nodes if n != node]
+
+
+def test_an_outsider_is_refused_on_rays_ports_and_the_peer_is_not(firewalled, nodes, outsider):
+    head, worker = nodes
+    before = refused(head, "refused_cluster")
+    assert connect(outsider, head.fast_ip, GCS_PORT) == "refused"
+    assert connect(outsider, head.mgmt_ip, GCS_PORT) == "refused"
+    assert connect(outsider, worker.fast_ip, NODE_MANAGER_PORT) == "refused"
+    assert refused(head, "refused_cluster") >= before + 2
+    # The same port from the peer's fast-link address: Ray listens, the firewall let it in.
+    assert connect(worker.container, head.fast_ip, GCS_PORT) == "open"
+    # The management SSH port stays open to everyone.
+    assert connect(outsider, head.mgmt_ip, 22) == "open"
+
+
+def test_an_outsider_not_in_allowed_sources_is_refused_on_the_serving_port(
+    firewalled, nodes, outsider
+):
+    head = nodes[0]
+    before = refused(head, "refused_serving")
+    assert connect(outsider, head.mgmt_ip, SERVING_PORT) == "refused"
+    assert refused(head, "refused_serving") >= before + 1
+    # The controller is the allowed source: it is answered.
+    assert completion(head) == 2
+
+
+def test_the_nodes_form_ray_and_serve_through_the_firewall(firewalled, nodes, playbook):
+    down = playbook("playbooks/teardown.yml")
+    assert down.rc == 0, down.failures()
+    ray = playbook("playbooks/ray.yml")
+    assert ray.rc == 0, ray.failures() or ray.raw[-4000:]
+    reports = [r.get("msg") for name, _h, r in ray.results() if name == "Report the Ray cluster"]
+    (report,) = [msg for msg in reports if msg]
+    assert report.startswith("Ray cluster up: 2 nodes"), report
+    serve = playbook("playbooks/serve.yml")
+    assert serve.rc == 0, serve.failures() or serve.raw[-4000:]
+    assert completion(nodes[0]) == 2
+    print(
+        f"\nthrough the firewall: teardown {down.seconds:.0f}s, ray {ray.seconds:.0f}s"
+        f" ({report}), serve {serve.seconds:.0f}s"
+    )
+
+
+def test_a_rerun_of_the_host_prep_stage_changes_nothing(firewalled, playbook):
+    again = playbook("playbooks/host_prep.yml", *firewalled["extra"])
+    assert again.rc == 0, again.failures()
+    print(f"\nhost_prep rerun: {again.seconds:.0f}s, changed {again.changed()}")
+    assert again.changed() == {"spark-1": 0, "spark-2": 0}
+    load = "Load the firewall's ruleset, in one transaction"
+    loads = [r for name, _h, r in again.results() if name == load]
+    assert loads and all(r.get("skipped") for r in loads)
+
+
+def test_the_default_admits_the_management_network(firewalled, nodes, outsider, playbook):
+    back = playbook("playbooks/host_prep.yml", "--tags", "host_prep_firewall")
+    assert back.rc == 0, back.failures()
+    firewalled["restored"] = True
+    head = nodes[0]
+    assert connect(outsider, head.mgmt_ip, SERVING_PORT) == "open"
+    assert connect(outsider, head.mgmt_ip, GCS_PORT) == "refused"

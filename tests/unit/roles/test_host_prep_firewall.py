@@ -1,0 +1,256 @@
+"""host_prep's firewall decisions (roles/host_prep/tasks/firewall.yml), evaluated by Ansible's own
+templating on inventories and facts: who is a peer, which ports are peer-only, who may reach the
+serving port, which inputs are refused; and the ruleset they render, checked by nft itself when
+the controller has it."""
+
+from __future__ import annotations
+
+import base64
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+from ansible.parsing.dataloader import DataLoader
+from ansible.template import Templar, trust_as_template
+
+ROOT = Path(__file__).resolve().parents[3]
+ROLE = ROOT / "roles" / "host_prep"
+TASKS = DataLoader().load_from_file(str(ROLE / "tasks/firewall.yml"), trusted_as_template=True)
+DEFAULTS = DataLoader().load_from_file(str(ROLE / "defaults/main.yml"), trusted_as_template=True)
+OWNERS = {
+    f"_host_prep_firewall_{owner}_defaults": yaml.safe_load(
+        (ROOT / "roles" / owner / "defaults/main.yml").read_text()
+    )
+    for owner in ("ray_cluster", "vllm_serve")
+}
+
+
+def _task(name: str) -> dict:
+    (task,) = [t for t in TASKS if t["name"] == name]
+    return task
+
+
+def _facts(mgmt: str, fast: str, prefix: int = 24) -> dict:
+    """The network facts setup gathers on a simulated node (eth0 fast, eth1 management)."""
+
+    def iface(device, address):
+        net = address.rsplit(".", 1)[0] + ".0"
+        ipv4 = {"address": address, "network": net, "netmask": "255.255.255.0"}
+        return {"device": device, "ipv4": {**ipv4, "prefix": str(prefix)}}
+
+    return {
+        "interfaces": ["lo", "eth0", "eth1", "docker0", "veth3f2a1b0"],
+        "lo": {
+            "device": "lo",
+            "ipv4": {"address": "127.0.0.1", "network": "127.0.0.0", "prefix": "8"},
+        },
+        "eth0": iface("eth0", fast),
+        "eth1": iface("eth1", mgmt),
+        "docker0": iface("docker0", "172.17.0.1"),
+        # A container's end of a veth pair: an interface without an address.
+        "veth3f2a1b0": {"device": "veth3f2a1b0", "active": True, "type": "ether"},
+        "default_ipv4": {"address": mgmt, "interface": "eth1"},
+        "locally_reachable_ips": {"ipv4": ["127.0.0.0/8", fast, mgmt], "ipv6": []},
+        "service_mgr": "systemd",
+    }
+
+
+def _hostvars(twins: bool = False) -> dict:
+    nodes = {"spark-1": ("192.0.2.11", "198.51.100.11"), "spark-2": ("192.0.2.12", "198.51.100.12")}
+    out = {}
+    for name, (mgmt, fast) in nodes.items():
+        links = [{"netdev": "enp1s0f1np1", "address": f"{fast}/24"}]
+        if twins:
+            links.append(
+                {"netdev": "enP2p1s0f1np1", "address": fast.replace("100.", "101.") + "/24"}
+            )
+        out[name] = {"ansible_host": mgmt, "spark_fast_ip": fast, "_host_prep_links": links,
+                     "ansible_facts": _facts(mgmt, fast)}  # fmt: skip
+    return out
+
+
+def decide(host: str = "spark-1", hostvars: dict | None = None, **overrides) -> dict:
+    """Runs the firewall's deciding tasks, in order, the way Ansible templates them."""
+    hostvars = hostvars or _hostvars()
+    variables = {
+        **DEFAULTS,
+        **OWNERS,
+        "host_prep_comm_env_file": "/etc/dgx-spark/comm.env",
+        "host_prep_nccl_master_port": 29511,
+        "host_prep_rdma_port": 18515,
+        "inventory_hostname": host,
+        "groups": {"sparks": list(hostvars)},
+        "hostvars": hostvars,
+        **hostvars[host],
+        "_host_prep_firewall_ephemeral": {"content": base64.b64encode(b"32768\t60999\n").decode()},
+    }
+    variables.update(overrides)
+    for name in (
+        "Find the management network, the network of the interface that carries ansible_host",
+        "Choose who may reach which port",
+        "Require valid addresses and ports for the firewall",
+    ):
+        task = _task(name)
+        scope = {**variables, **task.get("vars", {})}
+        templar = Templar(loader=DataLoader(), variables=scope)
+        if "ansible.builtin.set_fact" in task:
+            for key, value in task["ansible.builtin.set_fact"].items():
+                variables[key] = templar.template(value)
+        else:
+            scope = {**variables, **task.get("vars", {})}
+            errors = Templar(loader=DataLoader(), variables=scope).template(
+                trust_as_template("{{ _errors }}")
+            )
+            variables["_errors"] = errors
+    return variables
+
+
+def test_ray_nccl_and_launcher_ports_are_peer_only_and_read_from_their_roles():
+    out = decide()
+    ray = OWNERS["_host_prep_firewall_ray_cluster_defaults"]
+    ports = out["_host_prep_firewall_cluster_ports"]
+    names = "gcs node_manager object_manager dashboard_agent_listen dashboard_agent_grpc"
+    names = (*names.split(), "runtime_env_agent", "metrics_export", "dashboard")
+    for name in names:
+        assert str(ray[f"ray_cluster_{name}_port"]) in ports, name
+    assert f"{ray['ray_cluster_min_worker_port']}-{ray['ray_cluster_max_worker_port']}" in ports
+    vllm = OWNERS["_host_prep_firewall_vllm_serve_defaults"]
+    assert str(vllm["vllm_serve_master_port"]) in ports
+    # host_prep's own checks, Ray's client server and NCCL's (kernel-chosen) ports.
+    assert {"29511", "18515-18515", "10001", "32768-60999"} <= set(ports)
+    assert str(vllm["vllm_serve_port"]) not in ports
+    assert out["_host_prep_firewall_serving_port"] == vllm["vllm_serve_port"]
+    assert out["_errors"] == []
+
+
+def test_the_inventory_wins_over_the_owning_roles_defaults():
+    out = decide(ray_cluster_gcs_port=7000, ray_cluster_min_worker_port=20000,
+                 ray_cluster_max_worker_port=20100, vllm_serve_master_port=29600,
+                 vllm_serve_port=8080, host_prep_firewall_ephemeral_ports=False)  # fmt: skip
+    ports = out["_host_prep_firewall_cluster_ports"]
+    assert {"7000", "20000-20100", "29600"} <= set(ports)
+    assert "10002-19999" not in ports and "29501" not in ports
+    # vllm_serve reads the GCS port on its own (vllm_serve_ray_gcs_port): both stay closed.
+    assert "6379" in ports
+    assert "32768-60999" not in ports
+    assert out["_host_prep_firewall_serving_port"] == 8080
+
+
+def test_peers_are_the_other_nodes_fast_addresses_with_every_twin():
+    assert decide("spark-1")["_host_prep_firewall_peers"] == ["198.51.100.12"]
+    assert decide("spark-2")["_host_prep_firewall_peers"] == ["198.51.100.11"]
+    twins = decide("spark-1", _hostvars(twins=True))
+    assert twins["_host_prep_firewall_peers"] == ["198.51.100.12", "198.51.101.12"]
+    # One ib_write_bw server per twin.
+    assert "18515-18516" in twins["_host_prep_firewall_cluster_ports"]
+
+
+def test_a_node_left_out_by_limit_is_still_a_peer_from_the_inventory():
+    hostvars = _hostvars()
+    worker = hostvars["spark-2"]
+    del worker["_host_prep_links"]
+    worker["host_prep_cx7_links"] = [{"netdev": "a", "address": "198.51.100.12/24"},
+                                     {"netdev": "b", "address": "198.51.101.12/24"}]  # fmt: skip
+    assert decide("spark-1", hostvars)["_host_prep_firewall_peers"] == [
+        "198.51.100.12",
+        "198.51.101.12",
+    ]
+    del worker["host_prep_cx7_links"]
+    assert decide("spark-1", hostvars)["_host_prep_firewall_peers"] == ["198.51.100.12"]
+
+
+def test_serving_port_defaults_to_the_management_network():
+    out = decide()
+    assert out["_host_prep_firewall_management"] == ["192.0.2.0/24"]
+    assert out["_host_prep_firewall_sources"] == ["192.0.2.0/24"]
+
+
+@pytest.mark.parametrize(
+    ("given", "sources"),
+    [
+        (["10.0.0.0/8", "192.0.2.7"], ["10.0.0.0/8", "192.0.2.7"]),
+        ([], []),
+        (["0.0.0.0/0"], ["0.0.0.0/0"]),
+        ("10.0.0.0/8, 192.0.2.7", ["10.0.0.0/8", "192.0.2.7"]),
+    ],
+)
+def test_allowed_sources_replace_the_management_network(given, sources):
+    out = decide(vllm_serve_allowed_sources=given)
+    assert out["_host_prep_firewall_sources"] == sources
+    assert out["_errors"] == []
+
+
+@pytest.mark.parametrize(
+    ("overrides", "words"),
+    [
+        ({"vllm_serve_allowed_sources": ["10.0.0.0/33"]}, "not an IPv4 address or CIDR"),
+        ({"vllm_serve_allowed_sources": ["example.org"]}, "not an IPv4 address or CIDR"),
+        ({"vllm_serve_allowed_sources": ["256.1.1.1"]}, "not an IPv4 address or CIDR"),
+        ({"host_prep_firewall_extra_peer_ports": ["ssh"]}, "not a port or first-last range"),
+        ({"host_prep_firewall_extra_peer_ports": ["70000"]}, "above 65535"),
+        ({"ansible_host": "203.0.113.5"}, "set vllm_serve_allowed_sources"),
+    ],
+)
+def test_bad_inputs_are_refused_with_the_variable_named(overrides, words):
+    errors = decide(**overrides)["_errors"]
+    assert len(errors) == 1 and words in errors[0] and errors[0].startswith("spark-1: ")
+
+
+def test_no_management_network_is_fine_when_sources_are_given():
+    out = decide(ansible_host="203.0.113.5", vllm_serve_allowed_sources=["203.0.113.0/24"])
+    assert out["_errors"] == []
+
+
+def _ruleset(**overrides) -> str:
+    out = decide(**overrides)
+    templar = Templar(loader=DataLoader(), variables={**out, "ansible_managed": "Ansible managed"})
+    text = (ROLE / "templates/firewall.nft.j2").read_text()
+    return templar.template(trust_as_template(text))
+
+
+def test_ruleset_accepts_ssh_and_loopback_before_any_refusal():
+    text = _ruleset()
+    chain = text[text.index("chain input") :]
+    rules = [line.strip() for line in chain.splitlines()[2:] if line.strip() and "#" not in line]
+    assert rules[:3] == ["iif \"lo\" accept", "ct state established,related accept",
+                         "tcp dport { 22 } accept"]  # fmt: skip
+    assert "policy accept;" in chain
+    assert all("reject" in r or r.endswith("accept") or r == "}" for r in rules)
+    assert "elements = { 198.51.100.12 }" in text
+    assert "elements = { 192.0.2.0/24 }" in text
+    assert _ruleset(ansible_port=2222).count("tcp dport { 22, 2222 } accept") == 1
+
+
+def test_ruleset_with_no_serving_sources_declares_an_empty_set():
+    text = _ruleset(vllm_serve_allowed_sources=[])
+    block = text[text.index("set serving_sources") : text.index("set cluster_ports")]
+    assert "elements" not in block
+
+
+NFT = shutil.which("nft")
+UNSHARE = shutil.which("unshare")
+
+
+@pytest.mark.skipif(not (NFT and UNSHARE and os.geteuid() == 0), reason="needs nft, unshare, root")
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {},
+        {"vllm_serve_allowed_sources": []},
+        {"ansible_port": 2222, "host_prep_firewall_ephemeral_ports": False},
+    ],
+)
+def test_nft_loads_the_ruleset_twice_in_a_scratch_namespace(tmp_path, overrides):
+    path = tmp_path / "firewall.nft"
+    path.write_text(_ruleset(**overrides))
+    # Loaded twice: the second load replaces the table (no "File exists"), as every rerun does.
+    script = 'nft -f "$1" && nft -f "$1" && nft -s list table inet dgx_spark'
+    proc = subprocess.run([UNSHARE, "--net", "sh", "-c", script, "sh", str(path)],
+                          capture_output=True, text=True, check=False)  # fmt: skip
+    if proc.returncode != 0 and "Operation not permitted" in proc.stderr:
+        pytest.skip("no network namespace here")
+    assert proc.returncode == 0, proc.stderr
+    assert "reject with tcp reset" in proc.stdout
