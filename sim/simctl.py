@@ -57,6 +57,7 @@ NODE_PACKAGES = [
     "curl",
     "procps",
     "iputils-ping",
+    "nftables",
 ]
 FIXTURE_BASE_PACKAGES = ["python3", "python3-venv", "ca-certificates", "libnuma1", "procps"]
 

@@ -1,12 +1,14 @@
-"""host_prep's firewall decisions (roles/host_prep/tasks/firewall.yml), evaluated by Ansible's own
-templating on inventories and facts: who is a peer, which ports are peer-only, who may reach the
-serving port, which inputs are refused; and the ruleset they render, checked by nft itself when
-the controller has it."""
+"""host_prep's firewall decisions, made and checked in roles/host_prep/tasks/validate.yml before
+any change and put in place by tasks/firewall.yml, evaluated by Ansible's own templating on
+inventories and facts: who is a peer, which ports are peer-only, who may reach the serving port,
+which inputs are refused; and the ruleset they render, checked by nft itself when the controller
+has it."""
 
 from __future__ import annotations
 
 import base64
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -18,7 +20,8 @@ from ansible.template import Templar, trust_as_template
 
 ROOT = Path(__file__).resolve().parents[3]
 ROLE = ROOT / "roles" / "host_prep"
-TASKS = DataLoader().load_from_file(str(ROLE / "tasks/firewall.yml"), trusted_as_template=True)
+TASKS = DataLoader().load_from_file(str(ROLE / "tasks/validate.yml"), trusted_as_template=True)
+FIREWALL = DataLoader().load_from_file(str(ROLE / "tasks/firewall.yml"), trusted_as_template=True)
 DEFAULTS = DataLoader().load_from_file(str(ROLE / "defaults/main.yml"), trusted_as_template=True)
 OWNERS = {
     f"_host_prep_firewall_{owner}_defaults": yaml.safe_load(
@@ -73,7 +76,8 @@ def _hostvars(twins: bool = False) -> dict:
 
 
 def decide(host: str = "spark-1", hostvars: dict | None = None, **overrides) -> dict:
-    """Runs the firewall's deciding tasks, in order, the way Ansible templates them."""
+    """Runs the firewall's deciding and checking tasks of validate.yml, in order, the way Ansible
+    templates them."""
     hostvars = hostvars or _hostvars()
     variables = {
         **DEFAULTS,
@@ -183,20 +187,57 @@ def test_allowed_sources_replace_the_management_network(given, sources):
     assert out["_errors"] == []
 
 
+NOT_CIDR = ", not an IPv4 address or CIDR (a.b.c.d or a.b.c.d/0-32)"
+NOT_PORT = ", not a TCP port (1-65535) or a first-last range of them"
+BACKWARDS = ", a range whose first port is above its last"
+SOURCES = "vllm_serve_allowed_sources (host_prep_firewall_serving_sources) holds "
+EXTRA = "host_prep_firewall_extra_peer_ports"
+RAY_WORKERS = "ray_cluster_min_worker_port-ray_cluster_max_worker_port"
+
+
 @pytest.mark.parametrize(
     ("overrides", "words"),
     [
-        ({"vllm_serve_allowed_sources": ["10.0.0.0/33"]}, "not an IPv4 address or CIDR"),
-        ({"vllm_serve_allowed_sources": ["example.org"]}, "not an IPv4 address or CIDR"),
-        ({"vllm_serve_allowed_sources": ["256.1.1.1"]}, "not an IPv4 address or CIDR"),
-        ({"host_prep_firewall_extra_peer_ports": ["ssh"]}, "not a port or first-last range"),
-        ({"host_prep_firewall_extra_peer_ports": ["70000"]}, "above 65535"),
+        ({"vllm_serve_allowed_sources": ["10.0.0.0/33"]}, SOURCES + "10.0.0.0/33" + NOT_CIDR),
+        ({"vllm_serve_allowed_sources": ["example.org"]}, SOURCES + "example.org" + NOT_CIDR),
+        ({"vllm_serve_allowed_sources": "10.0.0.0/8, 256.1.1.1"}, SOURCES + "256.1.1.1" + NOT_CIDR),
+        ({EXTRA: ["ssh"]}, EXTRA + " is ssh" + NOT_PORT),
+        ({EXTRA: ["70000"]}, EXTRA + " is 70000" + NOT_PORT),
+        ({EXTRA: ["0"]}, EXTRA + " is 0" + NOT_PORT),
+        ({EXTRA: ["65000-65536"]}, EXTRA + " is 65000-65536" + NOT_PORT),
+        ({EXTRA: ["9000-8000"]}, EXTRA + " is 9000-8000" + BACKWARDS),
+        ({"ray_cluster_gcs_port": 65536}, "ray_cluster_gcs_port is 65536" + NOT_PORT),
+        (
+            {"ray_cluster_min_worker_port": 20000, "ray_cluster_max_worker_port": 10000},
+            RAY_WORKERS + " is 20000-10000" + BACKWARDS,
+        ),
+        (
+            {"host_prep_rdma_port": 65535, "hostvars": _hostvars(twins=True)},
+            "host_prep_rdma_port and one per twin is 65535-65536" + NOT_PORT,
+        ),
         ({"ansible_host": "203.0.113.5"}, "set vllm_serve_allowed_sources"),
     ],
 )
 def test_bad_inputs_are_refused_with_the_variable_named(overrides, words):
-    errors = decide(**overrides)["_errors"]
-    assert len(errors) == 1 and words in errors[0] and errors[0].startswith("spark-1: ")
+    overrides = dict(overrides)
+    errors = decide(hostvars=overrides.pop("hostvars", None), **overrides)["_errors"]
+    assert len(errors) == 1 and words in errors[0] and errors[0].startswith("spark-1: "), errors
+
+
+def test_every_bad_value_is_named_at_once():
+    sources = ["10.0.0.0/8", "nowhere"]
+    errors = decide(vllm_serve_allowed_sources=sources, **{EXTRA: ["10001", "ssh", "9000-8000"]})
+    assert [e.split(": ", 1)[1] for e in errors["_errors"]] == [
+        SOURCES + "nowhere" + NOT_CIDR,
+        EXTRA + " is ssh" + NOT_PORT,
+        EXTRA + " is 9000-8000" + BACKWARDS + " (allowed: first-last, first <= last)",
+    ]
+
+
+def test_a_lone_node_is_refused_with_the_way_out_named():
+    errors = decide(hostvars={"spark-1": _hostvars()["spark-1"]})["_errors"]
+    assert len(errors) == 1 and "no other node in the sparks group" in errors[0]
+    assert "host_prep_firewall: false" in errors[0]
 
 
 def test_no_management_network_is_fine_when_sources_are_given():
@@ -254,3 +295,29 @@ def test_nft_loads_the_ruleset_twice_in_a_scratch_namespace(tmp_path, overrides)
         pytest.skip("no network namespace here")
     assert proc.returncode == 0, proc.stderr
     assert "reject with tcp reset" in proc.stdout
+
+
+def _names(node) -> set[str]:
+    """The host_prep_firewall facts a task or template reads."""
+    return set(re.findall(r"\b_host_prep_firewall_[a-z_]+", str(node)))
+
+
+def test_validate_decides_and_checks_before_any_change_and_firewall_does_not_check_again():
+    names = [t["name"] for t in TASKS]
+    checked = names.index("Require valid addresses and ports for the firewall")
+    assert checked < names.index("Remember that this run validated host_prep")
+    # Deciding and checking read only: facts, the inventory, the roles' defaults and /proc.
+    firewall_tasks = [t for t in TASKS if "_host_prep_firewall" in str(t)]
+    read_only = {f"ansible.builtin.{m}" for m in ("include_vars", "slurp", "set_fact", "assert")}
+    assert all(read_only & set(t) for t in firewall_tasks), [t["name"] for t in firewall_tasks]
+    assert not [t["name"] for t in FIREWALL
+                if {"ansible.builtin.assert", "ansible.builtin.fail"} & set(t)]  # fmt: skip
+
+
+def test_firewall_reads_only_what_validate_decided_or_it_registers_itself():
+    registered = {t["register"] for t in FIREWALL if "register" in t}
+    loop_vars = {t["loop_control"]["loop_var"] for t in FIREWALL if "loop_control" in t}
+    template = (ROLE / "templates/firewall.nft.j2").read_text()
+    decided = {k for t in TASKS for k in t.get("ansible.builtin.set_fact", {})}
+    read = _names(FIREWALL) | _names(template)
+    assert read - registered - loop_vars <= decided
