@@ -6,10 +6,13 @@ For every bad input, a client asks the endpoint for one token every half second 
 run was refused, whether any host changed (the play recap), the endpoint's longest gap
 between good answers (its downtime) and the first line of the refusal.
 
-What only vLLM can refuse (a context longer than the model's) is not here: it is rolled
-back, and tests/sim/test_serving.py measures that.
+The last entries are refused by the serving image's own vLLM (its argument parser and its
+registries of reasoning and tool-call parsers), asked by the serve stage before any container
+is touched; they run with ``--tags serve`` (the stages before it have nothing to do with them).
+What vLLM can refuse only once it loads the model (a context longer than the model's) is not
+here: it is rolled back, and tests/sim/test_serving.py measures that.
 
-Usage: bad_inputs.py [--json PATH]      (the pair must be serving: make demo)
+Usage: bad_inputs.py [--json PATH] [--only WORDS]...   (the pair must be serving: make demo)
 """
 
 from __future__ import annotations
@@ -29,7 +32,10 @@ from drills import SERVE, Client  # noqa: E402
 sys.path.insert(0, str(ROOT / "sim"))
 import simctl  # noqa: E402
 
-# (kind, the extra variables as JSON)
+# The sim's own extra arguments, kept where an entry adds one.
+SIM_EXTRA_ARGS = list(SERVE["vllm_serve_extra_args"])
+
+# (kind, the extra variables as JSON[, the tags of deploy.yml to run])
 BAD_INPUTS = [
     ("port above 65535", {"vllm_serve_port": 70000}),
     ("port 0", {"vllm_serve_port": 0}),
@@ -56,10 +62,18 @@ BAD_INPUTS = [
     ("unknown Ray state", {"ray_cluster_state": "paused"}),
     ("fast IP not IPv4", {"spark_fast_ip": "300.1.1.1"}),
     ("unknown serving state", {"vllm_serve_state": "paused"}),
-]
+    # Refused by the serving image's vLLM, asked before any container is touched.
+    ("unknown reasoning parser", {"vllm_serve_reasoning_parser": "no_such_reasoner"}, ["serve"]),
+    ("unknown tool-call parser", {"vllm_serve_enable_auto_tool_choice": True,
+                                  "vllm_serve_tool_call_parser": "no_such_tools"}, ["serve"]),
+    ("extra arg vLLM cannot parse", {"vllm_serve_extra_args": SIM_EXTRA_ARGS
+                                     + ["--max-num-seqs", "abc"]}, ["serve"]),
+    ("extra arg vLLM does not know", {"vllm_serve_extra_args": SIM_EXTRA_ARGS
+                                      + ["--no-such-flag"]}, ["serve"]),
+]  # fmt: skip
 
 
-def run(extra: dict) -> tuple[int, dict, str]:
+def run(extra: dict, tags: list[str] | None = None) -> tuple[int, dict, str, list[str]]:
     env = {
         **os.environ,
         "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
@@ -67,19 +81,21 @@ def run(extra: dict) -> tuple[int, dict, str]:
         "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1",
     }
     cmd = [str(ROOT / ".venv/bin/ansible-playbook"), "deploy.yml", "-i", "inventories/sim",
-           "-e", json.dumps(extra)]  # fmt: skip
+           "-e", json.dumps(extra)] + (["--tags", ",".join(tags)] if tags else [])  # fmt: skip
     proc = subprocess.run(cmd, cwd=ROOT, env=env, text=True, capture_output=True, check=False)
     try:
         report = json.loads(proc.stdout)
     except json.JSONDecodeError:
-        return proc.returncode, {}, (proc.stderr.strip().splitlines() or ["no output"])[-1]
-    reason = ""
+        return proc.returncode, {}, (proc.stderr.strip().splitlines() or ["no output"])[-1], []
+    reason, changed = "", []
     for play in report["plays"]:
         for task in play["tasks"]:
-            for res in task["hosts"].values():
+            for host, res in task["hosts"].items():
                 if res.get("failed") and not reason:
                     reason = str(res.get("msg", "")).strip().splitlines()[0]
-    return proc.returncode, report.get("stats", {}), reason
+                if res.get("changed"):
+                    changed.append(f"{host}: {task['task']['name']}")
+    return proc.returncode, report.get("stats", {}), reason, changed
 
 
 def main() -> int:
@@ -87,16 +103,26 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--json", type=Path)
+    parser.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        help="run the entries whose kind contains these words (repeatable)",
+    )
     args = parser.parse_args()
+    chosen = [e for e in BAD_INPUTS if not args.only or any(w in e[0] for w in args.only)]
     head = simctl.read_nodes()[0]
     url = f"http://{head.mgmt_ip}:{SERVE.get('vllm_serve_port', 8000)}"
     rows = []
-    print(f"{'bad input':40} {'refused':>7} {'changed':>7} {'downtime s':>10}  reason", flush=True)
-    for kind, extra in BAD_INPUTS:
+    print(f"{'bad input':40} {'refused':>7} {'changed':>7} {'downtime s':>10} {'run s':>6}  reason",
+          flush=True)  # fmt: skip
+    for kind, extra, *tags in chosen:
         client = Client(url)
         client.start()
         time.sleep(1.5)
-        rc, stats, reason = run(extra)
+        started = time.monotonic()
+        rc, stats, reason, changed_tasks = run(extra, tags[0] if tags else None)
+        seconds = time.monotonic() - started
         time.sleep(1.5)
         client.halt.set()
         client.join(timeout=15)
@@ -105,9 +131,12 @@ def main() -> int:
         downtime = max(gaps, default=0.0) if len(good) == len(client.events) else max(gaps + [999])
         changed = sum(s.get("changed", 0) for s in stats.values())
         rows.append({"input": kind, "extra": extra, "refused": rc != 0, "changed": changed,
-                     "downtime_s": round(downtime, 1), "reason": reason})  # fmt: skip
-        print(f"{kind:40} {str(rc != 0):>7} {changed:>7} {downtime:>10.1f}  {reason[:110]}",
-              flush=True)  # fmt: skip
+                     "changed_tasks": changed_tasks, "downtime_s": round(downtime, 1),
+                     "run_s": round(seconds, 1), "reason": reason})  # fmt: skip
+        print(f"{kind:40} {str(rc != 0):>7} {changed:>7} {downtime:>10.1f} {seconds:>6.1f}  "
+              f"{reason[:110]}", flush=True)  # fmt: skip
+        for task in changed_tasks:
+            print(f"{'':40}   changed: {task}", flush=True)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2) + "\n")
     return 0 if all(r["refused"] and r["changed"] == 0 for r in rows) else 1

@@ -1,6 +1,7 @@
 """The serving stage on the running pair: the key on every route, secrets kept out of sight,
 and the ranks restarted as one group when a key rotates, a change is refused by vLLM (then
-rolled back) or the ranks fall out of step; the multinode backend stays selectable.
+rolled back) or the ranks fall out of step; what the serving image's vLLM refuses before any
+start touches no container; the multinode backend stays selectable.
 
 Needs the deployed pair (make demo, or molecule default). Each test leaves the pair serving;
 the module ends with the inventory's own settings deployed again.
@@ -205,6 +206,30 @@ def test_a_setting_only_vllm_refuses_is_rolled_back(deployed, nodes):
     gap = client.longest_gap()
     print(f"\nrolled back: downtime {gap:.0f}s, failed requests {client.failed}; {message[:400]}")
     assert gap <= 2 * vllm_start_seconds(run) + 30
+
+
+def test_what_the_images_vllm_refuses_touches_no_container(deployed, hosts, nodes):
+    inspect = "docker inspect -f '{{.State.StartedAt}}' dgx-spark-vllm"
+    started = sh(hosts["spark-1"], inspect)
+    extra = json.dumps({"vllm_serve_reasoning_parser": "no_such_reasoner",
+                        "vllm_serve_extra_args": SERVE["vllm_serve_extra_args"]
+                        + ["--max-num-seqs", "abc"]})  # fmt: skip
+    with Client(nodes, [KEY]) as client:
+        run = serve("-e", extra)
+        time.sleep(1.5)
+    assert run.rc != 0
+    message = " ".join(run.failures())
+    # Both refusals in one message, each naming its setting and quoting vLLM.
+    assert "vllm_serve_reasoning_parser (--reasoning-parser): vLLM 0.32.0" in message, message
+    assert "has no reasoning parser 'no_such_reasoner'" in message, message
+    quoted = "vllm_serve_extra_args (--max-num-seqs): argument --max-num-seqs: invalid int value"
+    assert f"{quoted}: 'abc'" in message, message
+    ran = {name for name, _h, r in run.results() if not r.get("skipped")}
+    assert "Stop the running ranks" not in ran and "Pause the head's watchdog" not in ran
+    assert sh(hosts["spark-1"], inspect) == started
+    print(f"\nrefused by the image's vLLM: run {run.seconds:.0f}s, longest gap "
+          f"{client.longest_gap():.1f}s, {client.failed} failed requests")  # fmt: skip
+    assert client.failed == 0 and client.longest_gap() < 5
 
 
 def test_the_multinode_backend_stays_selectable(deployed, hosts, nodes):

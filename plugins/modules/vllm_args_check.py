@@ -1,0 +1,377 @@
+#!/usr/bin/python
+# Copyright: contributors to the dgx_spark.cluster collection
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: vllm_args_check
+short_description: Ask the vLLM in a serving image whether it accepts a vllm serve command line
+version_added: "0.1.0"
+description:
+  - Runs the image's own vLLM, in a short-lived container on the target node, on the
+    arguments that would follow C(vllm serve), without starting a server. Nothing loads
+    weights, reads the model's configuration or touches a GPU.
+  - The container builds the parser of C(vllm serve) as vLLM's CLI does
+    (C(vllm.entrypoints.cli.serve), which calls vLLM's own C(make_arg_parser)), parses the
+    arguments, runs the CLI's C(validate), imports the parser plugins the arguments name,
+    and builds C(AsyncEngineArgs.from_cli_args), which checks the JSON sub-configurations.
+  - It also reads vLLM's registries of reasoning parsers and tool-call parsers and checks
+    the names given with C(--reasoning-parser) and C(--tool-call-parser) against them. A
+    registry that cannot be read is a refusal, never a silent pass.
+  - Each refusal names the setting of the C(dgx_spark.cluster.vllm_serve) role that gives
+    the argument and quotes vLLM's message, trimmed.
+  - The probe container has networking disabled and is always removed.
+author:
+  - dgx_spark.cluster developers (!UNKNOWN)
+requirements:
+  - Docker SDK for Python (C(docker), Debian's C(python3-docker)) on the target node
+  - access to the node's Docker daemon socket, usually with the task keyword C(become)
+attributes:
+  check_mode:
+    support: full
+    description: Nothing is changed on the node, so the module runs the same in check mode.
+  diff_mode:
+    support: none
+    description: The module changes nothing, so there is no diff.
+options:
+  image:
+    description:
+      - The serving image, by name, C(name:tag) or ID, as the node's Docker daemon knows it.
+    type: str
+    required: true
+  args:
+    description:
+      - The arguments after C(vllm serve), the model first, exactly as the launcher passes
+        them.
+    type: list
+    elements: str
+    required: true
+  env:
+    description:
+      - Environment of the probe container; give the serving container's, since vLLM reads
+        settings from its environment while it parses.
+    type: dict
+    default: {}
+  volumes:
+    description:
+      - Bind mounts (C(host:container[:mode])), always made read-only, so that paths the
+        arguments name (the model, a chat template, a parser plugin) exist as they will for
+        the server.
+    type: list
+    elements: str
+    default: []
+  python:
+    description:
+      - The Python interpreter inside the image that has vLLM installed.
+      - By default C($VIRTUAL_ENV/bin/python3) when the image sets C(VIRTUAL_ENV), then
+        C(python3), then C(python), found through the image's C(PATH).
+    type: str
+  docker_host:
+    description:
+      - The Docker daemon on the node to talk to.
+      - Falls back to the E(DOCKER_HOST) environment variable of the module's process.
+    type: str
+    default: unix:///var/run/docker.sock
+  timeout:
+    description:
+      - Seconds the probe container may run (importing vLLM and torch) before the module
+        gives up on it.
+    type: int
+    default: 300
+  fail_on_refusal:
+    description:
+      - Fail when vLLM refuses the arguments, with a message that names each setting.
+      - With V(false) the module reports RV(refused) and RV(problems) and succeeds.
+    type: bool
+    default: true
+notes:
+  - The probe runs without GPUs and without a network, as the image's user. A check that
+    vLLM makes only once it knows the device or the model (memory, the context length
+    against the model's, quantization) is not made here; the role's rollback covers those.
+seealso:
+  - module: dgx_spark.cluster.vllm_registry_info
+  - name: vLLM engine arguments
+    description: The arguments C(vllm serve) accepts.
+    link: https://docs.vllm.ai/en/latest/configuration/engine_args.html
+"""
+
+EXAMPLES = r"""
+---
+- name: Ask the serving image's vLLM whether it accepts the command line
+  dgx_spark.cluster.vllm_args_check:
+    image: dgx-spark/vllm-serving:current
+    args:
+      - /var/lib/dgx-spark/models/Qwen3.5-122B-A10B-FP8
+      - --tensor-parallel-size
+      - "2"
+      - --reasoning-parser
+      - qwen3
+      - --enable-auto-tool-choice
+      - --tool-call-parser
+      - qwen3_coder
+    volumes:
+      - /var/lib/dgx-spark/models:/var/lib/dgx-spark/models:ro
+    env:
+      HF_HUB_OFFLINE: "1"
+  become: true
+
+- name: List the tool-call parsers an image knows, without failing
+  dgx_spark.cluster.vllm_args_check:
+    image: vllm-donor:0.32.0-cpu
+    args: [/models/any]
+    fail_on_refusal: false
+  become: true
+  register: donor_parsers
+
+- name: Show them
+  ansible.builtin.debug:
+    var: donor_parsers.registries.tool.names
+"""
+
+RETURN = r"""
+node:
+  description: Host name of the node whose Docker daemon was asked.
+  returned: always
+  type: str
+  sample: spark-1
+image:
+  description: The image as given in O(image).
+  returned: always
+  type: str
+  sample: dgx-spark/vllm-serving:current
+image_id:
+  description: The image's ID on the node.
+  returned: always
+  type: str
+  sample: sha256:99fd34947539a4d2f0f1e0a3e5a5b7a9f0a1d2c3b4a5968778695a4b3c2d1e0f
+vllm_version:
+  description: vLLM's version from the image's installed metadata.
+  returned: always
+  type: str
+  sample: 0.32.0+cpu
+refused:
+  description: Whether vLLM refused anything (RV(problems) is not empty).
+  returned: always
+  type: bool
+  sample: false
+problems:
+  description:
+    - One entry per refusal. C(setting) is the vllm_serve variable that gives the argument
+      (V(vllm_serve_extra_args) for flags the role does not manage, V(vllm_serve_image) when
+      the image's vLLM cannot be asked at all); C(flag) the argument, or null; C(stage) where
+      it was refused (V(import), V(parser), V(parse), V(validate), V(plugins),
+      V(engine_args), V(registry)); C(message) vLLM's words, trimmed.
+  returned: always
+  type: list
+  elements: dict
+  sample:
+    - setting: vllm_serve_extra_args
+      flag: --max-num-seqs
+      stage: parse
+      message: "argument --max-num-seqs: invalid int value: 'abc'"
+registries:
+  description:
+    - The image's registries of C(reasoning) and C(tool) (tool-call) parsers, each with its
+      C(names), the C(source) it was read from and the C(error) that kept it from being read.
+  returned: always
+  type: dict
+  sample:
+    reasoning:
+      names: [deepseek_r1, qwen3]
+      source: vllm.reasoning.ReasoningParserManager.list_registered()
+      error: null
+    tool:
+      names: [hermes, qwen3_coder]
+      source: vllm.tool_parsers.ToolParserManager.list_registered()
+      error: null
+seconds:
+  description: Seconds the probe ran inside the container (mostly importing vLLM).
+  returned: always
+  type: float
+  sample: 6.4
+timings:
+  description: Seconds of each step of the probe.
+  returned: always
+  type: dict
+  sample: {"import": 6.32, "parse": 0.01, "registries": 0.0, "engine_args": 0.0}
+"""
+
+# Ansible's layout puts the documentation before the imports, hence the noqa: E402.
+import socket  # noqa: E402
+import traceback  # noqa: E402
+
+from ansible.module_utils.basic import AnsibleModule, env_fallback, missing_required_lib  # noqa: E402
+from ansible_collections.dgx_spark.cluster.plugins.module_utils.vllm_args_probe import (  # noqa: E402
+    args_probe_entrypoint,
+    args_probe_request,
+    judge,
+    read_only,
+    refusal_message,
+)
+from ansible_collections.dgx_spark.cluster.plugins.module_utils.vllm_image_probe import (  # noqa: E402
+    ProbeError,
+    is_missing_executable,
+    parse_probe_output,
+    python_candidates,
+)
+
+try:
+    import docker
+    from docker.errors import APIError, DockerException, ImageNotFound
+    from requests.exceptions import RequestException
+except ImportError:
+    HAS_DOCKER = False
+    DOCKER_IMPORT_ERROR = traceback.format_exc()
+else:
+    HAS_DOCKER = True
+    DOCKER_IMPORT_ERROR = None
+
+API_TIMEOUT = 60
+PROBE_LABEL = "dgx_spark.cluster.probe"
+
+
+class CheckError(Exception):
+    """A failure to report with fail_json; the message names the node and the image."""
+
+
+def _decode(data: bytes | str | None) -> str:
+    if isinstance(data, bytes):
+        return data.decode("utf-8", errors="replace")
+    return data or ""
+
+
+def run_probe(client, image_id: str, python: str, params: dict) -> dict:
+    """Run the probe once in a throw-away container; returns its JSON document.
+
+    Raises FileNotFoundError when ``python`` does not exist in the image.
+    """
+    container = client.containers.create(
+        image_id,
+        entrypoint=args_probe_entrypoint(python),
+        command=[args_probe_request(params["args"])],
+        environment={str(k): str(v) for k, v in params["env"].items()},
+        volumes=read_only(params["volumes"]),
+        network_disabled=True,
+        labels={PROBE_LABEL: "vllm_args_check"},
+    )
+    try:
+        try:
+            container.start()
+        except APIError as exc:
+            if is_missing_executable(str(exc)):
+                raise FileNotFoundError(python) from exc
+            raise
+        try:
+            exit_code = container.wait(timeout=params["timeout"]).get("StatusCode")
+        except RequestException as exc:
+            raise ProbeError(
+                f"the probe did not finish within {params['timeout']}s ({exc})"
+            ) from exc
+        stdout = _decode(container.logs(stdout=True, stderr=False))
+        stderr = _decode(container.logs(stdout=False, stderr=True))
+        return parse_probe_output(stdout, stderr, exit_code)
+    finally:
+        container.remove(force=True)
+
+
+def ask_image(client, node: str, params: dict) -> tuple[str, dict]:
+    """(image ID, probe document), with errors named for the user."""
+    image = params["image"]
+    try:
+        found = client.images.get(image)
+    except ImageNotFound as exc:
+        raise CheckError(
+            f"image {image} is not on node {node}: build or load it there first "
+            "(playbooks/images.yml), or check the name with `docker image ls` there"
+        ) from exc
+    candidates = python_candidates((found.attrs.get("Config") or {}).get("Env"), params["python"])
+    for python in candidates:
+        try:
+            return found.id, run_probe(client, found.id, python, params)
+        except FileNotFoundError:
+            continue
+        except ProbeError as exc:
+            raise CheckError(
+                f"image {image} on node {node}, probe run with {python}: {exc}"
+            ) from exc
+    raise CheckError(
+        f"image {image} on node {node} has no Python to run the probe with (tried "
+        f"{', '.join(candidates)}); name the interpreter that has vLLM with the python option"
+    )
+
+
+def connect(docker_host: str, node: str):
+    """A client of the node's Docker daemon, or an error that says how to reach it."""
+    try:
+        return docker.DockerClient(base_url=docker_host, version="auto", timeout=API_TIMEOUT)
+    except DockerException as exc:
+        raise CheckError(
+            f"cannot reach the Docker daemon at {docker_host} on node {node}: {exc}. "
+            "Check that dockerd runs there and that the task may use its socket "
+            "(become: true, or membership of the docker group)"
+        ) from exc
+
+
+def run_module(params: dict, node: str) -> dict:
+    client = connect(params["docker_host"], node)
+    try:
+        image_id, doc = ask_image(client, node, params)
+    except (APIError, DockerException, RequestException) as exc:
+        raise CheckError(
+            f"Docker on node {node} failed while running {params['image']}: {exc}"
+        ) from exc
+    finally:
+        client.close()
+    problems = judge(doc, params["args"])
+    result = {
+        "changed": False,
+        "node": node,
+        "image": params["image"],
+        "image_id": image_id,
+        "vllm_version": doc.get("vllm"),
+        "refused": bool(problems),
+        "problems": problems,
+        "registries": doc.get("registries") or {},
+        "seconds": doc.get("seconds"),
+        "timings": doc.get("timings") or {},
+    }
+    if problems:
+        result["msg"] = refusal_message(problems, params["image"], node, doc.get("vllm"))
+    return result
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "image": {"type": "str", "required": True},
+            "args": {"type": "list", "elements": "str", "required": True},
+            "env": {"type": "dict", "default": {}},
+            "volumes": {"type": "list", "elements": "str", "default": []},
+            "python": {"type": "str"},
+            "docker_host": {
+                "type": "str",
+                "default": "unix:///var/run/docker.sock",
+                "fallback": (env_fallback, ["DOCKER_HOST"]),
+            },
+            "timeout": {"type": "int", "default": 300},
+            "fail_on_refusal": {"type": "bool", "default": True},
+        },
+        supports_check_mode=True,
+    )
+    if not HAS_DOCKER:
+        module.fail_json(msg=missing_required_lib("docker"), exception=DOCKER_IMPORT_ERROR)
+    node = socket.gethostname()
+    try:
+        result = run_module(module.params, node)
+    except CheckError as exc:
+        module.fail_json(msg=str(exc), node=node, image=module.params["image"])
+    if result["refused"] and module.params["fail_on_refusal"]:
+        module.fail_json(**result)
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()
