@@ -1,0 +1,73 @@
+"""A rerun of deploy.yml with nothing to do runs no stage, and anything that moved is seen.
+
+playbooks/in_step.yml compares every node with the record the last full run left there
+(settings fingerprint, the collection's containers) and asks for one token; in step, every
+stage ends at once. benchmarks/noop_rerun.py prints what that costs against a ping.
+"""
+
+from __future__ import annotations
+
+import pytest
+from conftest import run_playbook
+
+STAGE_TASKS = (  # one task of each stage that a full run always runs
+    "Validate the settings of each stage against its argument spec",
+    "Start the Ray container",
+    "Ask the running pair for one token",
+)
+
+
+def report(run) -> str:
+    messages = [r.get("msg", "") for name, _h, r in run.results() if name == "Report it"]
+    assert messages, f"in_step.yml said nothing:\n{run.raw[-3000:]}"
+    return messages[0]
+
+
+def ran(run) -> set[str]:
+    return {name for name, _h, r in run.results() if not r.get("skipped")}
+
+
+@pytest.fixture(scope="module")
+def in_step(deployed_pair):
+    """A full run (which records), then the rerun with nothing to do."""
+    first = run_playbook("deploy.yml")
+    assert first.rc == 0, first.failures() or first.raw[-3000:]
+    again = run_playbook("deploy.yml")
+    assert again.rc == 0, again.failures() or again.raw[-3000:]
+    print(f"\ndeploy.yml: {first.seconds:.1f}s, then with nothing to do {again.seconds:.1f}s")
+    return first, again
+
+
+def test_a_rerun_with_nothing_to_do_runs_no_stage(in_step):
+    _first, again = in_step
+    assert report(again).startswith("In step"), report(again)
+    assert again.changed() == {"localhost": 0, "spark-1": 0, "spark-2": 0}
+    assert not ran(again) & set(STAGE_TASKS), ran(again) & set(STAGE_TASKS)
+    # It still proved the endpoint answers.
+    probes = [r for name, _h, r in again.results() if name == "Ask the pair for one token"]
+    assert probes and probes[0]["healthy"] and not probes[0].get("skipped"), probes
+
+
+def test_a_stopped_container_puts_the_pair_out_of_step(in_step, hosts):
+    head = hosts["spark-1"]
+    head.check_output("sudo docker stop dgx-spark-watchdog")
+    try:
+        check = run_playbook("playbooks/in_step.yml")
+    finally:
+        head.check_output("sudo docker start dgx-spark-watchdog")
+    assert check.rc == 0, check.failures() or check.raw[-3000:]
+    assert "dgx-spark-watchdog: not running" in report(check), report(check)
+    assert report(check).startswith("Running every stage"), report(check)
+
+
+def test_a_changed_setting_puts_the_pair_out_of_step(in_step):
+    check = run_playbook("playbooks/in_step.yml", "-e", "vllm_serve_max_model_len=256")
+    assert check.rc == 0, check.failures() or check.raw[-3000:]
+    assert "the settings, inventory or collection changed" in report(check), report(check)
+
+
+def test_a_partial_run_is_never_taken_for_in_step(in_step):
+    check = run_playbook("deploy.yml", "--tags", "model")
+    assert check.rc == 0, check.failures() or check.raw[-3000:]
+    assert report(check) == "Running the stages asked for.", report(check)
+    assert "Describe and check the head's copy" in ran(check), sorted(ran(check))
