@@ -58,6 +58,8 @@ NODE_PACKAGES = [
     "procps",
     "iputils-ping",
     "nftables",
+    # package_facts (host_prep) reads dpkg through python3-apt, as on DGX OS.
+    "python3-apt",
 ]
 FIXTURE_BASE_PACKAGES = ["python3", "python3-venv", "ca-certificates", "libnuma1", "procps"]
 
