@@ -214,7 +214,8 @@ def test_what_the_images_vllm_refuses_touches_no_container(deployed, hosts, node
     extra = json.dumps({"vllm_serve_reasoning_parser": "no_such_reasoner",
                         "vllm_serve_extra_args": SERVE["vllm_serve_extra_args"]
                         + ["--max-num-seqs", "abc"]})  # fmt: skip
-    with Client(nodes, [KEY]) as client:
+    # Either key: after the rollback test the pair serves with the rotated one.
+    with Client(nodes, [KEY, ROTATED]) as client:
         run = serve("-e", extra)
         time.sleep(1.5)
     assert run.rc != 0
