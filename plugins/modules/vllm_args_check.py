@@ -204,6 +204,13 @@ import socket  # noqa: E402
 import traceback  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule, env_fallback, missing_required_lib  # noqa: E402
+from ansible_collections.dgx_spark.cluster.plugins.module_utils.image_run import (  # noqa: E402
+    ImageRunError as CheckError,
+)
+from ansible_collections.dgx_spark.cluster.plugins.module_utils.image_run import (  # noqa: E402
+    connect,
+    run_in_image,
+)
 from ansible_collections.dgx_spark.cluster.plugins.module_utils.vllm_args_probe import (  # noqa: E402
     args_probe_entrypoint,
     args_probe_request,
@@ -211,16 +218,9 @@ from ansible_collections.dgx_spark.cluster.plugins.module_utils.vllm_args_probe 
     read_only,
     refusal_message,
 )
-from ansible_collections.dgx_spark.cluster.plugins.module_utils.vllm_image_probe import (  # noqa: E402
-    ProbeError,
-    is_missing_executable,
-    parse_probe_output,
-    python_candidates,
-)
 
 try:
-    import docker
-    from docker.errors import APIError, DockerException, ImageNotFound
+    from docker.errors import APIError, DockerException
     from requests.exceptions import RequestException
 except ImportError:
     HAS_DOCKER = False
@@ -229,90 +229,19 @@ else:
     HAS_DOCKER = True
     DOCKER_IMPORT_ERROR = None
 
-API_TIMEOUT = 60
-PROBE_LABEL = "dgx_spark.cluster.probe"
-
-
-class CheckError(Exception):
-    """A failure to report with fail_json; the message names the node and the image."""
-
-
-def _decode(data: bytes | str | None) -> str:
-    if isinstance(data, bytes):
-        return data.decode("utf-8", errors="replace")
-    return data or ""
-
-
-def run_probe(client, image_id: str, python: str, params: dict) -> dict:
-    """Run the probe once in a throw-away container; returns its JSON document.
-
-    Raises FileNotFoundError when ``python`` does not exist in the image.
-    """
-    container = client.containers.create(
-        image_id,
-        entrypoint=args_probe_entrypoint(python),
-        command=[args_probe_request(params["args"])],
-        environment={str(k): str(v) for k, v in params["env"].items()},
-        volumes=read_only(params["volumes"]),
-        network_disabled=True,
-        labels={PROBE_LABEL: "vllm_args_check"},
-    )
-    try:
-        try:
-            container.start()
-        except APIError as exc:
-            if is_missing_executable(str(exc)):
-                raise FileNotFoundError(python) from exc
-            raise
-        try:
-            exit_code = container.wait(timeout=params["timeout"]).get("StatusCode")
-        except RequestException as exc:
-            raise ProbeError(
-                f"the probe did not finish within {params['timeout']}s ({exc})"
-            ) from exc
-        stdout = _decode(container.logs(stdout=True, stderr=False))
-        stderr = _decode(container.logs(stdout=False, stderr=True))
-        return parse_probe_output(stdout, stderr, exit_code)
-    finally:
-        container.remove(force=True)
-
 
 def ask_image(client, node: str, params: dict) -> tuple[str, dict]:
     """(image ID, probe document), with errors named for the user."""
-    image = params["image"]
-    try:
-        found = client.images.get(image)
-    except ImageNotFound as exc:
-        raise CheckError(
-            f"image {image} is not on node {node}: build or load it there first "
-            "(playbooks/images.yml), or check the name with `docker image ls` there"
-        ) from exc
-    candidates = python_candidates((found.attrs.get("Config") or {}).get("Env"), params["python"])
-    for python in candidates:
-        try:
-            return found.id, run_probe(client, found.id, python, params)
-        except FileNotFoundError:
-            continue
-        except ProbeError as exc:
-            raise CheckError(
-                f"image {image} on node {node}, probe run with {python}: {exc}"
-            ) from exc
-    raise CheckError(
-        f"image {image} on node {node} has no Python to run the probe with (tried "
-        f"{', '.join(candidates)}); name the interpreter that has vLLM with the python option"
-    )
-
-
-def connect(docker_host: str, node: str):
-    """A client of the node's Docker daemon, or an error that says how to reach it."""
-    try:
-        return docker.DockerClient(base_url=docker_host, version="auto", timeout=API_TIMEOUT)
-    except DockerException as exc:
-        raise CheckError(
-            f"cannot reach the Docker daemon at {docker_host} on node {node}: {exc}. "
-            "Check that dockerd runs there and that the task may use its socket "
-            "(become: true, or membership of the docker group)"
-        ) from exc
+    probe = {
+        "entrypoint": args_probe_entrypoint,
+        "command": [args_probe_request(params["args"])],
+        "environment": {str(k): str(v) for k, v in params["env"].items()},
+        "volumes": read_only(params["volumes"]),
+        "timeout": params["timeout"],
+        "label": "vllm_args_check",
+    }
+    missing = "build or load it there first (playbooks/images.yml)"
+    return run_in_image(client, node, params["image"], params["python"], probe, missing)
 
 
 def run_module(params: dict, node: str) -> dict:

@@ -317,6 +317,13 @@ import socket  # noqa: E402
 import traceback  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule, env_fallback, missing_required_lib  # noqa: E402
+from ansible_collections.dgx_spark.cluster.plugins.module_utils.image_run import (  # noqa: E402
+    ImageRunError as InspectError,
+)
+from ansible_collections.dgx_spark.cluster.plugins.module_utils.image_run import (  # noqa: E402
+    connect,
+    run_in_image,
+)
 from ansible_collections.dgx_spark.cluster.plugins.module_utils.vllm_image_probe import (  # noqa: E402
     NoVllmError,
     ProbeError,
@@ -324,16 +331,12 @@ from ansible_collections.dgx_spark.cluster.plugins.module_utils.vllm_image_probe
     classify,
     compare,
     format_table,
-    is_missing_executable,
-    parse_probe_output,
     probe_entrypoint,
     probe_request,
-    python_candidates,
 )
 
 try:
-    import docker
-    from docker.errors import APIError, DockerException, ImageNotFound
+    from docker.errors import APIError, DockerException
     from requests.exceptions import RequestException
 except ImportError:
     HAS_DOCKER = False
@@ -342,74 +345,17 @@ else:
     HAS_DOCKER = True
     DOCKER_IMPORT_ERROR = None
 
-API_TIMEOUT = 60
-PROBE_LABEL = "dgx_spark.cluster.probe"
-
-
-class InspectError(Exception):
-    """A failure to report with fail_json; the message names the node and the image."""
-
-
-def _decode(data: bytes | str | None) -> str:
-    if isinstance(data, bytes):
-        return data.decode("utf-8", errors="replace")
-    return data or ""
-
-
-def run_probe(client, image_id: str, python: str, request: str, timeout: int) -> dict:
-    """Run the probe once in a throw-away container; returns its JSON document.
-
-    Raises FileNotFoundError when ``python`` does not exist in the image.
-    """
-    container = client.containers.create(
-        image_id,
-        entrypoint=probe_entrypoint(python),
-        command=[request],
-        network_disabled=True,
-        labels={PROBE_LABEL: "vllm_registry_info"},
-    )
-    try:
-        try:
-            container.start()
-        except APIError as exc:
-            if is_missing_executable(str(exc)):
-                raise FileNotFoundError(python) from exc
-            raise
-        try:
-            exit_code = container.wait(timeout=timeout).get("StatusCode")
-        except RequestException as exc:
-            raise ProbeError(f"the probe did not finish within {timeout}s ({exc})") from exc
-        stdout = _decode(container.logs(stdout=True, stderr=False))
-        stderr = _decode(container.logs(stdout=False, stderr=True))
-        return parse_probe_output(stdout, stderr, exit_code)
-    finally:
-        container.remove(force=True)
-
 
 def inspect_image(client, node: str, image: str, params: dict, request: str) -> tuple[str, dict]:
     """(image ID, probe document) for one image on the node."""
-    try:
-        found = client.images.get(image)
-    except ImageNotFound as exc:
-        raise InspectError(
-            f"image {image} is not on node {node}: load or pull it there first "
-            "(community.docker.docker_image), or check the name with `docker image ls` there"
-        ) from exc
-    env = (found.attrs.get("Config") or {}).get("Env")
-    candidates = python_candidates(env, params["python"])
-    for python in candidates:
-        try:
-            return found.id, run_probe(client, found.id, python, request, params["timeout"])
-        except FileNotFoundError:
-            continue
-        except ProbeError as exc:
-            raise InspectError(
-                f"image {image} on node {node}, probe run with {python}: {exc}"
-            ) from exc
-    raise InspectError(
-        f"image {image} on node {node} has no Python to run the probe with (tried "
-        f"{', '.join(candidates)}); name the interpreter that has vLLM with the python option"
-    )
+    probe = {
+        "entrypoint": probe_entrypoint,
+        "command": [request],
+        "timeout": params["timeout"],
+        "label": "vllm_registry_info",
+    }
+    missing = "load or pull it there first (community.docker.docker_image)"
+    return run_in_image(client, node, image, params["python"], probe, missing)
 
 
 def read_image(client, node: str, image: str, params: dict, request: str) -> tuple[str, dict, dict]:
@@ -429,18 +375,6 @@ def read_image(client, node: str, image: str, params: dict, request: str) -> tup
             "the literal registry layout vLLM has used since 0.10; report this version"
         ) from exc
     return image_id, doc, info
-
-
-def connect(docker_host: str, node: str):
-    """A client of the node's Docker daemon, or an error that says how to reach it."""
-    try:
-        return docker.DockerClient(base_url=docker_host, version="auto", timeout=API_TIMEOUT)
-    except DockerException as exc:
-        raise InspectError(
-            f"cannot reach the Docker daemon at {docker_host} on node {node}: {exc}. "
-            "Check that dockerd runs there and that the task may use its socket "
-            "(become: true, or membership of the docker group)"
-        ) from exc
 
 
 def check_architectures(params: dict, info: dict, doc: dict) -> list:

@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import docker
 import pytest
 import requests
 from ansible_collections.dgx_spark.cluster.plugins.modules import vllm_args_check as mod
@@ -109,7 +110,7 @@ def client(tmp_path, monkeypatch):
             OLD: FakeImage(OLD, trees.make_vllm(tmp_path, "old", "0.11.0"), ["PATH=/usr/bin"]),
         }
     )  # fmt: skip
-    monkeypatch.setattr(mod.docker, "DockerClient", lambda **kwargs: fake)
+    monkeypatch.setattr(docker, "DockerClient", lambda **kwargs: fake)
     monkeypatch.setattr(mod.socket, "gethostname", lambda: NODE)
     return fake
 
@@ -195,7 +196,7 @@ def test_unreachable_daemon(monkeypatch, capsys):
     def refuse(**kwargs):
         raise DockerException("Error while fetching server API version: connection refused")
 
-    monkeypatch.setattr(mod.docker, "DockerClient", refuse)
+    monkeypatch.setattr(docker, "DockerClient", refuse)
     code, out = run({"image": IMAGE, "args": GOOD}, capsys)
     assert code == 1
     assert "cannot reach the Docker daemon at unix:///var/run/docker.sock" in out["msg"]

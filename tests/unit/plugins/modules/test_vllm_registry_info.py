@@ -12,6 +12,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import docker
 import pytest
 import requests
 from ansible_collections.dgx_spark.cluster.plugins.modules import vllm_registry_info as mod
@@ -166,7 +167,7 @@ def client(images, monkeypatch):
         seen.update(kwargs)
         return fake
 
-    monkeypatch.setattr(mod.docker, "DockerClient", connect)
+    monkeypatch.setattr(docker, "DockerClient", connect)
     monkeypatch.setattr(mod.socket, "gethostname", lambda: NODE)
     fake.connect_args = seen
     return fake
@@ -333,7 +334,7 @@ def test_docker_daemon_unreachable(monkeypatch, capsys):
             "FileNotFoundError(2, 'No such file or directory'))"
         )
 
-    monkeypatch.setattr(mod.docker, "DockerClient", refuse)
+    monkeypatch.setattr(docker, "DockerClient", refuse)
     monkeypatch.setattr(mod.socket, "gethostname", lambda: NODE)
     code, out = run({"image": IMAGE, "docker_host": "unix:///nowhere.sock"}, capsys)
     assert code == 1
