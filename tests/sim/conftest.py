@@ -114,6 +114,16 @@ class PlaybookRun:
     def changed(self) -> dict[str, int]:
         return {host: s["changed"] for host, s in self.stats.items()}
 
+    def messages(self) -> str:
+        """Every task's message, loop items' too, one per line."""
+        out = []
+        for _name, _host, res in self.results():
+            out.append(str(res.get("msg", "")))
+            for item in res.get("results", []) or []:
+                if isinstance(item, dict):
+                    out.append(str(item.get("msg", "")))
+        return "\n".join(out)
+
 
 def run_playbook(path: str, *extra: str) -> PlaybookRun:
     """ansible-playbook PATH -i inventories/sim EXTRA..., from the repository root."""
@@ -128,6 +138,12 @@ def run_playbook(path: str, *extra: str) -> PlaybookRun:
     started = time.monotonic()
     proc = subprocess.run(cmd, cwd=ROOT, env=env, text=True, capture_output=True, check=False)
     return PlaybookRun(proc, time.monotonic() - started)
+
+
+def playbook_report(path: str, *extra: str) -> dict:
+    """The JSON callback's report of run_playbook(PATH, EXTRA...), with its rc and seconds."""
+    run = run_playbook(path, *extra)
+    return {**run.report, "rc": run.rc, "seconds": round(run.seconds)}
 
 
 @pytest.fixture(scope="session")

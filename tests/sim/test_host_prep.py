@@ -4,20 +4,17 @@ themselves, a second run changes nothing, and bad inputs stop it before any node
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import shutil
-import subprocess
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 import yaml
+from conftest import PlaybookRun, run_playbook
 
 ROOT = Path(__file__).resolve().parents[2]
-BIN = Path(sys.executable).parent
 sys.path.insert(0, str(ROOT / "collections"))
 from ansible_collections.dgx_spark.cluster.plugins.module_utils import (  # noqa: E402
     link_checks,
@@ -42,56 +39,8 @@ HARDWARE_ONLY = (
 )
 
 
-class Run:
-    def __init__(self, proc: subprocess.CompletedProcess, seconds: float):
-        self.rc = proc.returncode
-        self.seconds = seconds
-        self.raw = proc.stdout + proc.stderr
-        try:
-            self.report = json.loads(proc.stdout)
-        except json.JSONDecodeError:
-            pytest.fail(f"ansible-playbook printed no JSON (rc {self.rc}):\n{self.raw[-4000:]}")
-
-    @property
-    def stats(self) -> dict[str, dict]:
-        return self.report["stats"]
-
-    def results(self):
-        for play in self.report["plays"]:
-            for task in play["tasks"]:
-                name = task["task"]["name"].split(" : ", 1)[-1]  # without the role's prefix
-                for host, res in task["hosts"].items():
-                    yield name, host, res
-
-    def failures(self) -> list[str]:
-        return [
-            f"{host}: {res.get('msg')}" for _name, host, res in self.results() if res.get("failed")
-        ]
-
-    def messages(self) -> str:
-        out = []
-        for _name, _host, res in self.results():
-            out.append(str(res.get("msg", "")))
-            for item in res.get("results", []) or []:
-                if isinstance(item, dict):
-                    out.append(str(item.get("msg", "")))
-        return "\n".join(out)
-
-
-def playbook(*extra: str, path: str = "playbooks/host_prep.yml") -> Run:
-    env = {
-        **os.environ,
-        "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
-        "ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.json",
-        "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1",
-        "ANSIBLE_NOCOLOR": "1",
-    }
-    cmd = [str(BIN / "ansible-playbook"), path, "-i", "inventories/sim"]
-    started = time.monotonic()
-    proc = subprocess.run(
-        [*cmd, *extra], cwd=ROOT, env=env, text=True, capture_output=True, check=False
-    )
-    return Run(proc, time.monotonic() - started)
+def playbook(*extra: str, path: str = "playbooks/host_prep.yml") -> PlaybookRun:
+    return run_playbook(path, *extra)
 
 
 @pytest.fixture(scope="module")

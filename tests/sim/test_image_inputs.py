@@ -4,36 +4,11 @@ do; and a base whose own vLLM imports the wanted architectures is served as it i
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
+from conftest import playbook_report as playbook
 
-ROOT = Path(__file__).resolve().parents[2]
-BIN = Path(sys.executable).parent
 ALIAS = "dgx-spark/vllm-serving:current"
 TEST_NAME = "dgx-spark/vllm-serving-inputs-test"
-
-
-def playbook(path: str, *extra: str) -> dict:
-    env = {
-        **os.environ,
-        "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
-        "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1",
-        "ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.json",
-        "ANSIBLE_NOCOLOR": "1",
-    }
-    cmd = [str(BIN / "ansible-playbook"), path, "-i", "inventories/sim", *extra]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, text=True, capture_output=True, check=False)
-    try:
-        report = json.loads(proc.stdout)
-    except json.JSONDecodeError:
-        pytest.fail(f"{path} printed no JSON (rc {proc.returncode}):\n{proc.stderr[-4000:]}")
-    report["rc"] = proc.returncode
-    return report
 
 
 def results(report: dict):

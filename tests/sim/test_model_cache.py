@@ -6,17 +6,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import playbook_report
 
-ROOT = Path(__file__).resolve().parents[2]
-INVENTORY = ROOT / "inventories" / "sim"
-ANSIBLE_BIN = Path(sys.executable).parent
 BASE = "/var/lib/dgx-spark/test-model-cache"
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 SYNC_TASK = "Push the model from the head to the worker over the fast link"
@@ -25,29 +20,7 @@ FACTS_TASK = "Tell the serving roles where the model is and to stay offline"
 
 def run_playbook(*extra: str, playbook: str = "playbooks/model.yml") -> dict:
     """ansible-playbook <playbook> -i inventories/sim, as the JSON callback reports it."""
-    env = {
-        **os.environ,
-        "ANSIBLE_CONFIG": "ansible.cfg",
-        "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1",
-        "ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.json",
-    }
-    cmd = [
-        str(ANSIBLE_BIN / "ansible-playbook"),
-        playbook,
-        "-i",
-        str(INVENTORY),
-        *extra,
-    ]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, text=True, capture_output=True, check=False)
-    try:
-        report = json.loads(proc.stdout)
-    except json.JSONDecodeError:
-        pytest.fail(
-            f"ansible-playbook printed no JSON (rc {proc.returncode}):\n"
-            f"{proc.stdout}\n{proc.stderr}"
-        )
-    report["rc"] = proc.returncode
-    return report
+    return playbook_report(playbook, *extra)
 
 
 def results(report: dict, task_name: str) -> dict[str, dict]:

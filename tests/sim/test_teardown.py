@@ -5,44 +5,15 @@ deploy.yml runs again for the stages the teardown removed (model, ray, serve).""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-import time
-from pathlib import Path
-
 import pytest
+from conftest import playbook_report as playbook
 
-ROOT = Path(__file__).resolve().parents[2]
-BIN = Path(sys.executable).parent
 MODEL_DIR = "/var/lib/dgx-spark/models/tiny-qwen3-moe"
 RECORD = "/var/lib/dgx-spark/models/.verified/tiny-qwen3-moe.json"
 COMM_ENV = "/etc/dgx-spark/comm.env"
 SERVING_ALIAS = "dgx-spark/vllm-serving:current"
 CONTAINERS = ("dgx-spark-vllm", "dgx-spark-ray")
 REMOVED_STAGES = "model,ray,serve"
-
-
-def playbook(path: str, *extra: str) -> dict:
-    """ansible-playbook PATH -i inventories/sim, as the JSON callback reports it."""
-    env = {
-        **os.environ,
-        "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
-        "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1",
-        "ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.json",
-        "ANSIBLE_NOCOLOR": "1",
-    }
-    cmd = [str(BIN / "ansible-playbook"), path, "-i", "inventories/sim", *extra]
-    started = time.monotonic()
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, text=True, capture_output=True, check=False)
-    try:
-        report = json.loads(proc.stdout)
-    except json.JSONDecodeError:
-        pytest.fail(f"{path} printed no JSON (rc {proc.returncode}):\n{proc.stderr[-4000:]}")
-    report["rc"] = proc.returncode
-    report["seconds"] = round(time.monotonic() - started)
-    return report
 
 
 def failures(report: dict) -> list[str]:
