@@ -36,6 +36,12 @@ def timed(cmd: list[str], json_out: bool = False) -> tuple[float, dict]:
     return seconds, json.loads(proc.stdout)["stats"] if json_out else {}
 
 
+def print_tasks(stats: dict) -> None:
+    for host, counts in sorted(stats.items()):
+        tasks = counts["ok"] + counts["changed"] + counts["skipped"] + counts["failures"]
+        print(f"  {host:10} tasks {tasks:4}  changed {counts['changed']}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--runs", type=int, default=3)
@@ -55,15 +61,11 @@ def main() -> int:
     print(f"deploy.yml with nothing to do:      {rerun:7.1f} s  (median of {args.runs})")
     print(f"ansible -m ping of the pair:        {ping_s:7.2f} s  (median of {args.runs})")
     print(f"ratio:                              {rerun / ping_s:7.1f}  (target <= 15)")
-    for host, counts in sorted(stats.items()):
-        tasks = counts["ok"] + counts["changed"] + counts["skipped"] + counts["failures"]
-        print(f"  {host:10} tasks {tasks:4}  changed {counts['changed']}")
+    print_tasks(stats)
     if args.full:
         full, full_stats = timed([*deploy, "-e", "deploy_full=true"], json_out=True)
         print(f"every stage, nothing to change:     {full:7.1f} s  ratio {full / ping_s:5.1f}")
-        for host, counts in sorted(full_stats.items()):
-            tasks = counts["ok"] + counts["changed"] + counts["skipped"] + counts["failures"]
-            print(f"  {host:10} tasks {tasks:4}  changed {counts['changed']}")
+        print_tasks(full_stats)
     return 0
 
 
