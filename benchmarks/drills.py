@@ -15,8 +15,9 @@ Faults (names for --faults):
   worker-rank     kill -9 the main process of the worker's rank container (Ray backend: the
                   worker's Ray container; multinode: its serving container)
   head-rank       kill -9 the main process of the head's serving container
-  rank-freeze     SIGSTOP the worker's rank (Ray backend: its RayWorkerProc actor): every
-                  container runs, the pair answers nothing; the head's watchdog must act
+  rank-freeze     SIGSTOP the worker's rank (Ray backend: its RayWorkerProc actor; multinode:
+                  every process of its serving container): every container runs, the pair
+                  answers nothing; a watchdog must act
   worker-reboot   restart the worker's node container (its dockerd and every container in it)
   head-reboot     restart the head's node container
   power-cut       kill both node containers, start the head, then the worker
@@ -25,8 +26,9 @@ Faults (names for --faults):
                   pulled cable: the interface keeps its name and address)
 
 Usage: drills.py [--faults a,b,...] [--timeout 600] [--json PATH]
-The pair must be serving (make demo) and keeps serving afterwards unless a fault was not
-recovered (then the table says so and the script exits 1).
+The pair must be serving (make demo; -e vllm_serve_backend=multinode for that backend, which
+the script tells from the worker's containers) and keeps serving afterwards unless a fault
+was not recovered (then the table says so and the script exits 1).
 """
 
 from __future__ import annotations
@@ -104,8 +106,14 @@ class Client(threading.Thread):
         return sum(1 for at, ok in self.events if at >= since and not ok)
 
 
+def backend(worker) -> str:
+    """The deployed backend: with the multinode launcher the worker runs a serving container."""
+    running = on_node(worker, "docker", "ps", "-q", "--filter", "name=^dgx-spark-vllm$")
+    return "multinode" if running else "ray"
+
+
 def rank_container(node, head: bool) -> str:
-    if head or SERVE.get("vllm_serve_backend", "ray") == "multinode":
+    if head or backend(node) == "multinode":
         return "dgx-spark-vllm"
     return "dgx-spark-ray"
 
@@ -135,6 +143,9 @@ def make_fault(name: str, head, worker) -> None:
         kill_main_process(worker, rank_container(worker, head=False))
     elif name == "head-rank":
         kill_main_process(head, "dgx-spark-vllm")
+    elif name == "rank-freeze" and backend(worker) == "multinode":
+        top = on_node(worker, "docker", "top", "dgx-spark-vllm", "-eo", "pid")
+        on_node(worker, "kill", "-STOP", *top.split()[1:])
     elif name == "rank-freeze":
         pid = on_node(worker, "pgrep", "-f", "ray::RayWorkerProc").split()[0]
         on_node(worker, "kill", "-STOP", pid)
@@ -201,6 +212,7 @@ def main() -> int:
     args = parser.parse_args()
     head, worker = simctl.read_nodes()[:2]
     results = []
+    print(f"backend: {backend(worker)}", flush=True)
     header = ("fault", "recovered", "seconds", "after fault", "failed requests")
     print(f"{header[0]:16} {header[1]:>9} {header[2]:>8} {header[3]:>12} {header[4]:>16}",
           flush=True)  # fmt: skip

@@ -226,7 +226,7 @@ def test_what_the_images_vllm_refuses_touches_no_container(deployed, hosts, node
     quoted = "vllm_serve_extra_args (--max-num-seqs): argument --max-num-seqs: invalid int value"
     assert f"{quoted}: 'abc'" in message, message
     ran = {name for name, _h, r in run.results() if not r.get("skipped")}
-    assert "Stop the running ranks" not in ran and "Pause the head's watchdog" not in ran
+    assert "Stop the running ranks" not in ran and "Pause the watchdogs" not in ran
     assert sh(hosts["spark-1"], inspect) == started
     print(f"\nrefused by the image's vLLM: run {run.seconds:.0f}s, longest gap "
           f"{client.longest_gap():.1f}s, {client.failed} failed requests")  # fmt: skip
