@@ -19,15 +19,17 @@ INVENTORY = ROOT / "inventories" / "sim"
 ANSIBLE_BIN = Path(sys.executable).parent
 
 
-def _load_simctl():
-    spec = importlib.util.spec_from_file_location("simctl", ROOT / "sim" / "simctl.py")
+def _load(name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
 
 
-simctl = _load_simctl()
+simctl = _load("simctl", ROOT / "sim" / "simctl.py")
+# The fault drills (benchmarks/drills.py), shared by the recovery and serving tests.
+drills = _load("drills", ROOT / "benchmarks" / "drills.py")
 
 
 @pytest.fixture(scope="session")

@@ -10,16 +10,8 @@ plus 60 s (a power cut: plus 120 s from the moment both nodes are back).
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-
 import pytest
-from conftest import ROOT
-
-_spec = importlib.util.spec_from_file_location("drills", ROOT / "benchmarks" / "drills.py")
-drills = importlib.util.module_from_spec(_spec)
-sys.modules["drills"] = drills
-_spec.loader.exec_module(drills)
+from conftest import drills
 
 
 @pytest.fixture(scope="module")

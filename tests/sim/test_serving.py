@@ -1,7 +1,8 @@
 """The serving stage on the running pair: the key on every route, secrets kept out of sight,
 and the ranks restarted as one group when a key rotates, a change is refused by vLLM (then
 rolled back) or the ranks fall out of step; what the serving image's vLLM refuses before any
-start touches no container; the multinode backend stays selectable.
+start touches no container; the multinode backend stays selectable, and its watchdogs
+bring back a head rank that restarted alone.
 
 Needs the deployed pair (make demo, or molecule default). Each test leaves the pair serving;
 the module ends with the inventory's own settings deployed again.
@@ -19,7 +20,7 @@ import urllib.request
 
 import pytest
 import yaml
-from conftest import ROOT, run_playbook
+from conftest import ROOT, drills, run_playbook
 
 SERVE = yaml.safe_load((ROOT / "inventories/sim/group_vars/all/serve.yml").read_text())
 KEY = SERVE["vllm_serve_api_key"]
@@ -233,10 +234,21 @@ def test_what_the_images_vllm_refuses_touches_no_container(deployed, hosts, node
     assert client.failed == 0 and client.longest_gap() < 5
 
 
-def test_the_multinode_backend_stays_selectable(deployed, hosts, nodes):
+def test_the_multinode_backend_stays_selectable_and_heals_a_head_rank(deployed, hosts, nodes):
     run = serve("-e", "vllm_serve_backend=multinode")
     assert run.rc == 0, run.failures() or run.raw[-3000:]
     assert complete(nodes, KEY)
     for rank, name in enumerate(["spark-1", "spark-2"]):
         top = sh(hosts[name], "docker top dgx-spark-vllm -eo pid,args")
         assert f"--node-rank {rank}" in top, top
+        watchdog = sh(hosts[name], "docker inspect -f '{{.State.Status}}' dgx-spark-watchdog")
+        assert watchdog.strip() == "running", (name, watchdog)
+    # The fault that needed a human before: the head's rank restarts alone and waits for a
+    # worker rank still held by the old group; the worker's watchdog must release it.
+    result = drills.drill("head-rank", nodes[0], nodes[1], timeout=600)
+    print(f"\nmultinode head-rank: {result}")
+    assert result["recovered"], result
+    started = vllm_start_seconds(run)
+    # The worker's watchdog first misses 3 probes (10 s apart on the sim), its rank gets
+    # 30 s to stop, then one start of the group.
+    assert result["seconds"] <= started + 3 * 10 + 30 + 60, (result, started)
