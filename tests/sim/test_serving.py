@@ -212,6 +212,7 @@ def test_a_setting_only_vllm_refuses_is_rolled_back(deployed, nodes):
 def test_what_the_images_vllm_refuses_touches_no_container(deployed, hosts, nodes):
     inspect = "docker inspect -f '{{.State.StartedAt}}' dgx-spark-vllm"
     started = sh(hosts["spark-1"], inspect)
+    configurations = {name: sh(host, "ls /etc/dgx-spark/vllm") for name, host in hosts.items()}
     extra = json.dumps({"vllm_serve_reasoning_parser": "no_such_reasoner",
                         "vllm_serve_extra_args": SERVE["vllm_serve_extra_args"]
                         + ["--max-num-seqs", "abc"]})  # fmt: skip
@@ -229,6 +230,9 @@ def test_what_the_images_vllm_refuses_touches_no_container(deployed, hosts, node
     ran = {name for name, _h, r in run.results() if not r.get("skipped")}
     assert "Stop the running ranks" not in ran and "Pause the watchdogs" not in ran
     assert sh(hosts["spark-1"], inspect) == started
+    # Nothing written either: no new configuration's directory, launcher or key.
+    assert run.changed() == {"spark-1": 0, "spark-2": 0}, run.changed()
+    assert {name: sh(host, "ls /etc/dgx-spark/vllm") for name, host in hosts.items()} == configurations
     print(f"\nrefused by the image's vLLM: run {run.seconds:.0f}s, longest gap "
           f"{client.longest_gap():.1f}s, {client.failed} failed requests")  # fmt: skip
     assert client.failed == 0 and client.longest_gap() < 5
