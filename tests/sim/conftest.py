@@ -32,6 +32,27 @@ simctl = _load("simctl", ROOT / "sim" / "simctl.py")
 drills = _load("drills", ROOT / "benchmarks" / "drills.py")
 
 
+# The order the modules run in. Read-only checks and refusals first; then the stages' own
+# tests, the faults and the serving changes; last the modules that need a freshly recorded
+# deployment (test_rerun), which test_serving's restore (a full deploy.yml) leaves behind,
+# and the teardown, which deploys again afterwards.
+MODULE_ORDER = (
+    "test_pair", "test_vllm_registry_info", "test_image_inputs", "test_host_prep",
+    "test_firewall", "test_model_cache", "test_operate", "test_recovery", "test_serving",
+    "test_rerun", "test_teardown",
+)  # fmt: skip
+
+
+def pytest_collection_modifyitems(items):
+    """Runs the modules in MODULE_ORDER (a module not listed runs first, in file order)."""
+
+    def rank(item) -> int:
+        name = Path(str(item.fspath)).stem
+        return MODULE_ORDER.index(name) + 1 if name in MODULE_ORDER else 0
+
+    items.sort(key=rank)
+
+
 @pytest.fixture(scope="session")
 def sim():
     """The sim's own description of the pair; fails when the pair is not up."""

@@ -109,7 +109,10 @@ def test_status_reports_a_healthy_pair(serving, tmp_path):
 def test_benchmark_results_hang_together(serving, tmp_path):
     results = tmp_path / "results"
     relative = os.path.relpath(results, ROOT)
-    proc, wall = playbook("benchmark.yml", "-e", f"operate_benchmark_results_dir={relative}")
+    # Fewer prompts per run than the sim's defaults: the figures' coherence is what is tested.
+    fewer = ("-e", "operate_benchmark_min_prompts=4", "-e", "operate_benchmark_prompts_per_slot=2")
+    proc, wall = playbook("benchmark.yml", "-e", f"operate_benchmark_results_dir={relative}",
+                          *fewer)  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-4000:]
     assert "run 1/3: concurrency 1" in proc.stdout  # progress is shown run by run
     (first,) = results.iterdir()
@@ -139,7 +142,7 @@ def test_benchmark_results_hang_together(serving, tmp_path):
     proc, _ = playbook(
         "benchmark.yml",
         "-e", f"operate_benchmark_results_dir={results}",
-        "-e", '{"operate_benchmark_concurrency": [1, 2]}',
+        "-e", '{"operate_benchmark_concurrency": [1, 2]}', *fewer,
         "-e", f"benchmark_compare={first}",
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-4000:]

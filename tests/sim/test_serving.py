@@ -5,7 +5,7 @@ start touches no container; the multinode backend stays selectable, and its watc
 bring back a head rank that restarted alone.
 
 Needs the deployed pair (make demo, or molecule default). Each test leaves the pair serving;
-the module ends with the inventory's own settings deployed again.
+the module ends with the inventory's own settings deployed again, by deploy.yml.
 """
 
 from __future__ import annotations
@@ -105,7 +105,9 @@ def deployed(deployed_pair, nodes):
         run = serve()
         assert run.rc == 0, run.failures() or run.raw[-3000:]
     yield
-    run = serve()
+    # The whole main job, not the serve stage alone: it records the deployment, so the
+    # modules after this one (test_rerun, test_teardown) start in step.
+    run = run_playbook("deploy.yml")
     assert run.rc == 0, run.failures() or run.raw[-3000:]
     assert complete(nodes, KEY)
 
@@ -232,7 +234,8 @@ def test_what_the_images_vllm_refuses_touches_no_container(deployed, hosts, node
     assert sh(hosts["spark-1"], inspect) == started
     # Nothing written either: no new configuration's directory, launcher or key.
     assert run.changed() == {"spark-1": 0, "spark-2": 0}, run.changed()
-    assert {name: sh(host, "ls /etc/dgx-spark/vllm") for name, host in hosts.items()} == configurations
+    after = {name: sh(host, "ls /etc/dgx-spark/vllm") for name, host in hosts.items()}
+    assert after == configurations
     print(f"\nrefused by the image's vLLM: run {run.seconds:.0f}s, longest gap "
           f"{client.longest_gap():.1f}s, {client.failed} failed requests")  # fmt: skip
     assert client.failed == 0 and client.longest_gap() < 5
