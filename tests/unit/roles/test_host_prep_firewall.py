@@ -14,7 +14,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-import yaml
 from ansible.parsing.dataloader import DataLoader
 from ansible.template import Templar, trust_as_template
 
@@ -23,12 +22,24 @@ ROLE = ROOT / "roles" / "host_prep"
 TASKS = DataLoader().load_from_file(str(ROLE / "tasks/validate.yml"), trusted_as_template=True)
 FIREWALL = DataLoader().load_from_file(str(ROLE / "tasks/firewall.yml"), trusted_as_template=True)
 DEFAULTS = DataLoader().load_from_file(str(ROLE / "defaults/main.yml"), trusted_as_template=True)
+# What the role's dependency spark_defaults gives it, below its own defaults.
+SHARED = DataLoader().load_from_file(
+    str(ROOT / "roles/spark_defaults/defaults/main.yml"), trusted_as_template=True
+)
+# The owners' defaults as include_vars reads them: templates, rendered where they are used.
 OWNERS = {
-    f"_host_prep_firewall_{owner}_defaults": yaml.safe_load(
-        (ROOT / "roles" / owner / "defaults/main.yml").read_text()
+    f"_host_prep_firewall_{owner}_defaults": DataLoader().load_from_file(
+        str(ROOT / "roles" / owner / "defaults/main.yml"), trusted_as_template=True
     )
     for owner in ("ray_cluster", "vllm_serve")
 }
+
+
+def _owner(owner: str) -> dict:
+    """An owner's port defaults as they render beside spark_defaults."""
+    defaults = OWNERS[f"_host_prep_firewall_{owner}_defaults"]
+    ports = {name: value for name, value in defaults.items() if name.endswith("_port")}
+    return Templar(loader=DataLoader(), variables={**SHARED, **defaults}).template(ports)
 
 
 def _task(name: str) -> dict:
@@ -80,6 +91,7 @@ def decide(host: str = "spark-1", hostvars: dict | None = None, **overrides) -> 
     templates them."""
     hostvars = hostvars or _hostvars()
     variables = {
+        **SHARED,
         **DEFAULTS,
         **OWNERS,
         "host_prep_comm_env_file": "/etc/dgx-spark/comm.env",
@@ -114,14 +126,14 @@ def decide(host: str = "spark-1", hostvars: dict | None = None, **overrides) -> 
 
 def test_ray_nccl_and_launcher_ports_are_peer_only_and_read_from_their_roles():
     out = decide()
-    ray = OWNERS["_host_prep_firewall_ray_cluster_defaults"]
+    ray = _owner("ray_cluster")
     ports = out["_host_prep_firewall_cluster_ports"]
     names = "gcs node_manager object_manager dashboard_agent_listen dashboard_agent_grpc"
     names = (*names.split(), "runtime_env_agent", "metrics_export", "dashboard")
     for name in names:
         assert str(ray[f"ray_cluster_{name}_port"]) in ports, name
     assert f"{ray['ray_cluster_min_worker_port']}-{ray['ray_cluster_max_worker_port']}" in ports
-    vllm = OWNERS["_host_prep_firewall_vllm_serve_defaults"]
+    vllm = _owner("vllm_serve")
     assert str(vllm["vllm_serve_master_port"]) in ports
     # host_prep's own checks, Ray's client server and NCCL's (kernel-chosen) ports.
     assert {"29511", "18515-18515", "10001", "32768-60999"} <= set(ports)
