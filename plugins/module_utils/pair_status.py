@@ -213,15 +213,18 @@ def cluster_report(nodes: dict, head: str, endpoint: dict | None, ray: dict | No
             if ray["gpus_total"] < expected_gpus:
                 problems.append(f"Ray: {ray['gpus_total']:g} GPUs, {expected_gpus:g} needed")
 
-    # The head's watchdog (ray backend) writes its state; a watchdog that gave up is a
-    # problem: the group did not come back by itself.
-    watchdog = settings.get("watchdog")
-    if isinstance(watchdog, dict) and watchdog.get("state") == "gave-up":
-        problems.append(f"watchdog gave up: {watchdog.get('reason') or 'no reason given'}")
+    # Each node's watchdog (ray backend: the head's; multinode: every node's) writes its
+    # state; one that gave up is a problem: its rank did not come back by itself.
+    watchdogs = {node: state for node, state in (settings.get("watchdogs") or {}).items()
+                 if isinstance(state, dict) and state.get("state")}  # fmt: skip
+    for node, state in watchdogs.items():
+        if state["state"] == "gave-up":
+            reason = state.get("reason") or "no reason given"
+            problems.append(f"watchdog on {node} gave up: {reason}")
 
     cluster = {
         "backend": backend,
-        "watchdog": watchdog,
+        "watchdogs": watchdogs,
         "head": head,
         "url": settings.get("url"),
         "model": endpoint.get("model"),
@@ -289,11 +292,13 @@ def _table(rows: list[list[str]]) -> list[str]:
     ]
 
 
-def _watchdog_text(watchdog) -> str:
-    if not isinstance(watchdog, dict) or not watchdog.get("state"):
-        return "-"
-    text = f"{watchdog['state']}, {watchdog.get('restarts', 0)} restarts in its window"
-    return f"{text}: {watchdog['reason']}" if watchdog.get("reason") else text
+def _watchdog_text(watchdogs: dict) -> str:
+    """'-' without a watchdog; else each node's state, restarts and reason."""
+    texts = []
+    for node, state in watchdogs.items():
+        text = f"{node} {state['state']}, {state.get('restarts', 0)} restarts in its window"
+        texts.append(f"{text}: {state['reason']}" if state.get("reason") else text)
+    return "; ".join(texts) or "-"
 
 
 def render(report: dict) -> list[str]:
@@ -339,7 +344,7 @@ def render(report: dict) -> list[str]:
                                f"generated {_number(metrics.get('generation_tokens'), digits=0)}, "
                                f"requests {_number(metrics.get('requests_finished'))}"],
         ["Ray", ray_text],
-        ["watchdog", _watchdog_text(cluster.get("watchdog"))],
+        ["watchdog", _watchdog_text(cluster.get("watchdogs") or {})],
         [cluster.get("image") or "image", images],
     ]  # fmt: skip
     lines = ["cluster"] + ["  " + line for line in _table(cluster_rows)]

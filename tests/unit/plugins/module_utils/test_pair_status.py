@@ -177,18 +177,31 @@ def test_merge_logs_orders_both_streams_by_time():
 def test_a_watchdog_that_gave_up_makes_the_pair_unhealthy(answers):
     gave_up = {"state": "gave-up", "reason": "3 restarts in 1800 s did not bring the endpoint back",
                "misses": 0, "restarts": 3}  # fmt: skip
-    report = _report(answers, settings={"watchdog": gave_up})
+    serving = {"state": "serving", "restarts": 0}
+    report = _report(answers, settings={"watchdogs": {"spark-1": serving, "spark-2": gave_up}})
     assert report["problems"] == [
-        "watchdog gave up: 3 restarts in 1800 s did not bring the endpoint back"
+        "watchdog on spark-2 gave up: 3 restarts in 1800 s did not bring the endpoint back"
     ]
     assert any(
-        "gave-up, 3 restarts in its window: 3 restarts" in line
+        "spark-1 serving, 0 restarts in its window; spark-2 gave-up, 3 restarts in its window: 3"
+        in line
         for line in pair_status.render(report)
     )
 
 
 def test_a_serving_watchdog_is_shown_and_fine(answers):
-    report = _report(answers, settings={"watchdog": {"state": "serving", "restarts": 0}})
+    # A node without a watchdog (a worker under the ray backend) has no state file.
+    watchdogs = {"spark-1": {"state": "serving", "restarts": 0}, "spark-2": None}
+    report = _report(answers, settings={"watchdogs": watchdogs})
     assert report["healthy"]
-    assert any(line.strip().startswith("watchdog") and "serving, 0 restarts" in line
+    assert report["cluster"]["watchdogs"] == {"spark-1": watchdogs["spark-1"]}
+    shown = "spark-1 serving, 0 restarts in its window"
+    assert any(line.strip().startswith("watchdog") and line.endswith(shown)
                for line in pair_status.render(report))  # fmt: skip
+
+
+def test_no_watchdog_is_shown_as_a_dash(answers):
+    report = _report(answers, settings={"watchdogs": {"spark-1": None, "spark-2": None}})
+    assert report["healthy"]
+    (line,) = [line for line in pair_status.render(report) if line.strip().startswith("watchdog")]
+    assert line.split() == ["watchdog", "-"]
