@@ -50,10 +50,9 @@ def node_state(host) -> dict:
 
 
 @pytest.fixture(scope="module")
-def teardown(hosts):
-    """Deploy (a no-op when deployed), tear down with the weights, then deploy again."""
-    deployed = playbook("deploy.yml")
-    assert deployed["rc"] == 0, failures(deployed)
+def teardown(deployed_pair, hosts):
+    """The serving pair (deployed first when it does not answer), torn down with the weights,
+    then deployed again."""
     before = {name: node_state(host) for name, host in hosts.items()}
     try:
         report = playbook("playbooks/teardown.yml", "-e", "teardown_remove_weights=true")
