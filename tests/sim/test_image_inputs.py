@@ -4,6 +4,7 @@ do; and a base whose own vLLM imports the wanted architectures is served as it i
 
 from __future__ import annotations
 
+import json
 import shlex
 
 import pytest
@@ -100,14 +101,17 @@ def python_without_docker_sdk(sim):
 
 
 def test_preflight_without_the_docker_sdk_leaves_the_base_to_the_images_stage(
-    python_without_docker_sdk,
+    python_without_docker_sdk, tmp_path
 ):
     """Preflight runs before host_prep installs the Docker SDK: the images' presence is still
     checked (community.docker needs only requests), the base's read waits for the images
     stage, and preflight does not count hybrid_image as validated."""
-    report = playbook(
-        "playbooks/preflight.yml", "-e", f"ansible_python_interpreter={python_without_docker_sdk}"
-    )
+    # Host variables of a second inventory, not -e: the controller's own tasks keep its Python.
+    nodes = {"all": {"hosts": {}}}
+    for host in ("spark-1", "spark-2"):
+        nodes["all"]["hosts"][host] = {"ansible_python_interpreter": python_without_docker_sdk}
+    (tmp_path / "nosdk.yml").write_text(json.dumps(nodes))
+    report = playbook("playbooks/preflight.yml", "-i", str(tmp_path / "nosdk.yml"))
     assert report["rc"] == 0, failures(report)
     ran = {(name, host): res for name, host, res in results(report) if not res.get("skipped")}
     for host in ("spark-1", "spark-2"):
