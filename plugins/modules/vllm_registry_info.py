@@ -273,6 +273,14 @@ table:
   description: A plain-text table of RV(checked) with the image's versions, for people.
   returned: always
   type: str
+missing_library:
+  description:
+    - V(docker) when the module failed because the node's Python lacks the Docker SDK for
+      Python, so that a play can tell that apart from a failure to read the image (for example
+      before the SDK is installed).
+  returned: when the Docker SDK for Python is missing
+  type: str
+  sample: docker
 comparison:
   description: How the registry and model files of O(image) differ from O(compare_to)'s.
   returned: when O(compare_to) is set
@@ -481,7 +489,11 @@ def main() -> None:
         supports_check_mode=True,
     )
     if not HAS_DOCKER:
-        module.fail_json(msg=missing_required_lib("docker"), exception=DOCKER_IMPORT_ERROR)
+        module.fail_json(
+            msg=missing_required_lib("docker"),
+            exception=DOCKER_IMPORT_ERROR,
+            missing_library="docker",
+        )
     node = socket.gethostname()
     try:
         module.exit_json(**run_module(module, node))

@@ -4,8 +4,12 @@ do; and a base whose own vLLM imports the wanted architectures is served as it i
 
 from __future__ import annotations
 
+import json
+import shlex
+
 import pytest
 from conftest import playbook_report as playbook
+from conftest import run_ansible
 
 ALIAS = "dgx-spark/vllm-serving:current"
 TEST_NAME = "dgx-spark/vllm-serving-inputs-test"
@@ -53,7 +57,7 @@ BAD_INPUTS = {
     ),
     "pull asked for, registry out of reach": (
         ["-e", "hybrid_image_donor=nosuch/donor:1", "-e", "hybrid_image_pull=true"],
-        "docker pull: Error response from daemon",
+        "could not pull: Error pulling ",
     ),
 }
 
@@ -69,6 +73,53 @@ def test_preflight_refuses_bad_image_inputs_on_every_node(sim, case):
         assert words in message, message
         if "spec" not in case:
             assert message.startswith(f"{host}: ") or f"\n{host}: " in message, message
+    assert {h: s["changed"] for h, s in report["stats"].items() if h != "localhost"} == {
+        "spark-1": 0,
+        "spark-2": 0,
+    }
+
+
+NO_SDK_VENV = "/tmp/dgxsim-test-nosdk"
+
+
+@pytest.fixture
+def python_without_docker_sdk(sim):
+    """A venv on every node that sees the system's packages (requests, which community.docker
+    needs) except the Docker SDK: a module named docker that fails to import shadows
+    python3-docker, as on a node before host_prep installed it."""
+    shadow = shlex.quote("raise ImportError('the Docker SDK is shadowed by the test')")
+    make = (
+        f"python3 -m venv --without-pip --system-site-packages {NO_SDK_VENV} && "
+        f"for d in {NO_SDK_VENV}/lib/python3*/site-packages; do echo {shadow} > $d/docker.py; done"
+    )
+    try:
+        made = run_ansible("sparks", "ansible.builtin.shell", make)
+        assert all(res.get("rc") == 0 for res in made.values()), made
+        yield f"{NO_SDK_VENV}/bin/python3"
+    finally:
+        run_ansible("sparks", "ansible.builtin.file", f"path={NO_SDK_VENV} state=absent")
+
+
+def test_preflight_without_the_docker_sdk_leaves_the_base_to_the_images_stage(
+    python_without_docker_sdk, tmp_path
+):
+    """Preflight runs before host_prep installs the Docker SDK: the images' presence is still
+    checked (community.docker needs only requests), the base's read waits for the images
+    stage, and preflight does not count hybrid_image as validated."""
+    # Host variables of a second inventory, not -e: the controller's own tasks keep its Python.
+    nodes = {"all": {"hosts": {}}}
+    for host in ("spark-1", "spark-2"):
+        nodes["all"]["hosts"][host] = {"ansible_python_interpreter": python_without_docker_sdk}
+    (tmp_path / "nosdk.yml").write_text(json.dumps(nodes))
+    report = playbook("playbooks/preflight.yml", "-i", str(tmp_path / "nosdk.yml"))
+    assert report["rc"] == 0, failures(report)
+    ran = {(name, host): res for name, host, res in results(report) if not res.get("skipped")}
+    for host in ("spark-1", "spark-2"):
+        read = ran[("Read the base's Python, Ray and vLLM registry", host)]
+        assert read["missing_library"] == "docker", read
+        said = ran[("Note a base read that waits for the Docker SDK", host)]["msg"]
+        assert said.startswith(f"{host}: no Docker SDK for Python yet"), said
+        assert ("Remember that this run validated hybrid_image", host) not in ran
     assert {h: s["changed"] for h, s in report["stats"].items() if h != "localhost"} == {
         "spark-1": 0,
         "spark-2": 0,

@@ -169,3 +169,4 @@ def test_docker_sdk_missing(ansible, sim, python_without_docker):
     msg = failed(result)
     assert "Failed to import the required Python library (docker)" in msg
     assert python_without_docker in msg
+    assert result["missing_library"] == "docker"

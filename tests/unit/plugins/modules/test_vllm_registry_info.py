@@ -361,6 +361,7 @@ def test_docker_sdk_missing(monkeypatch, capsys):
     code, out = run({"image": IMAGE}, capsys)
     assert code == 1
     assert "Failed to import the required Python library (docker)" in out["msg"]
+    assert out["missing_library"] == "docker"
 
 
 @pytest.mark.parametrize(
