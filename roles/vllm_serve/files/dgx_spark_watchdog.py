@@ -63,9 +63,7 @@ class Watch:
             return "ok"
         if self.gave_up:
             return "give-up"
-        starting = started_at is not None and now - started_at < self.grace
-        if starting and not any(t is not None and t >= started_at
-                                for t in (self.last_answer, self.last_up)):  # fmt: skip
+        if self.starting(now, started_at):
             # Started, neither served nor up yet (weights load, compile): not a failure yet.
             return "wait"
         self.misses += 1
@@ -80,6 +78,13 @@ class Watch:
         self.restarts = [*recent, now]
         self.misses = 0
         return "restart"
+
+    def starting(self, now: float, started_at: float | None) -> bool:
+        """Within the start-up grace of the container started at ``started_at``: neither an
+        answer nor an up ``/health`` seen since that start."""
+        if started_at is None or now - started_at >= self.grace:
+            return False
+        return not any(t is not None and t >= started_at for t in (self.last_answer, self.last_up))
 
 
 class DockerSocket(http.client.HTTPConnection):
@@ -147,6 +152,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--state", type=Path, required=True)
     parser.add_argument("--docker-socket", default="/var/run/docker.sock")
     parser.add_argument("--interval", type=float, default=30)
+    # While a start is in its grace, probes come this often: the grace ends with the first
+    # answer, and a group that serves briefly before the next fault must not go unseen.
+    parser.add_argument("--start-interval", type=float, default=2)
     parser.add_argument("--timeout", type=float, default=30)
     parser.add_argument("--failures", type=int, default=3)
     parser.add_argument("--grace", type=float, default=600)
@@ -170,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
                  "give-up": "gave-up"}[verdict]  # fmt: skip
         write_state(args.state, state=state, reason=watch.gave_up, misses=watch.misses,
                     restarts=len(watch.restarts))  # fmt: skip
-        time.sleep(args.interval)
+        time.sleep(args.start_interval if watch.starting(time.time(), since) else args.interval)
 
 
 if __name__ == "__main__":

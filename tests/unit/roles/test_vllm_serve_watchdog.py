@@ -87,3 +87,16 @@ def test_old_restarts_leave_the_window(window, expected):
     w = watch(max_restarts=1, window=window)
     assert run(w, [False] * 3) == ["wait", "wait", "restart"]
     assert run(w, [False] * 3, start=10_000.0 + 400) == ["wait", "wait", expected]
+
+
+def test_it_probes_often_only_while_a_start_has_shown_nothing():
+    w = watch()
+    assert not w.starting(10_000.0, None)  # not running: no start to watch
+    assert w.starting(10_000.0, 9_990.0)  # just started, nothing seen yet
+    assert w.decide(10_001.0, False, 9_990.0) == "wait"
+    assert w.starting(10_002.0, 9_990.0)
+    assert w.decide(10_003.0, True, 9_990.0) == "ok"  # served once: the grace is over
+    assert not w.starting(10_004.0, 9_990.0)
+    # A later start begins a new grace, even right after the group served.
+    assert w.starting(10_010.0, 10_005.0)
+    assert not w.starting(10_005.0 + 600.0, 10_005.0)  # the grace ran out
