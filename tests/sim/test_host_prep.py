@@ -252,6 +252,7 @@ def test_bad_input_fails_before_any_node_changes(runs, hosts, case):
 STANDINS = Path(__file__).resolve().parent / "host_prep_standins"
 STANDIN_DIR = "/tmp/host_prep_standins"
 STANDIN_NETPLAN = "/etc/netplan/41-standin.yaml"
+STANDIN_NCCL_IMAGE = "dgxsim-standin/nccl-check:latest"
 
 
 def test_hardware_path_with_stand_ins(runs, ansible, hosts, sim, tmp_path):
@@ -270,6 +271,11 @@ def test_hardware_path_with_stand_ins(runs, ansible, hosts, sim, tmp_path):
         "sparks", "ansible.builtin.copy", f"src={bundle}/ dest={STANDIN_DIR}/ mode=preserve"
     )
     assert not any(r.get("failed") for r in done.values()), done
+    for host in hosts.values():
+        host.check_output(
+            f"sudo docker build -q -t {STANDIN_NCCL_IMAGE} --build-arg BASE={sim.CLUSTER_IMAGE} "
+            f"-f {STANDIN_DIR}/Dockerfile.nccl {STANDIN_DIR}"
+        )
     wrapper = tmp_path / "hardware.yml"
     wrapper.write_text(
         yaml.safe_dump(
@@ -290,7 +296,7 @@ def test_hardware_path_with_stand_ins(runs, ansible, hosts, sim, tmp_path):
         *("-e", f"host_prep_netplan_file={STANDIN_NETPLAN}"),
         *("-e", f"host_prep_comm_env_file={STANDIN_DIR}/comm.env"),
         *("-e", f"host_prep_check_dir={STANDIN_DIR}/checks"),
-        *("-e", f"host_prep_nccl_image={sim.DONOR_IMAGE}"),
+        *("-e", f"host_prep_nccl_image={STANDIN_NCCL_IMAGE}"),
         # docker.io is installed: nothing for apt to fetch.
         *("-e", "host_prep_nvidia_runtime_package=docker.io"),
         *("-e", "host_prep_rdma_package=docker.io"),
@@ -366,3 +372,4 @@ def test_hardware_path_with_stand_ins(runs, ansible, hosts, sim, tmp_path):
     finally:
         for host in hosts.values():
             host.run(f"sudo rm -rf {STANDIN_DIR} {STANDIN_NETPLAN}*")
+            host.run(f"sudo docker rmi -f {STANDIN_NCCL_IMAGE}")
