@@ -196,10 +196,12 @@ def test_a_key_rotation_restarts_the_group_once(deployed, nodes):
     assert gap <= start + 15, (gap, start)
 
 
-def test_a_setting_only_vllm_refuses_is_rolled_back(deployed, nodes):
-    # 100000 tokens is more than the tiny model's positions: only vLLM knows that.
+def test_a_setting_only_vllm_refuses_is_rolled_back(deployed, hosts, nodes):
+    # 100000 tokens is more than the tiny model's positions: only vLLM knows that. The change
+    # also brings a new key, which the rolled-back group never serves with.
     with Client(nodes, [ROTATED]) as client:
-        run = serve("-e", f"vllm_serve_api_key={ROTATED}", "-e", "vllm_serve_max_model_len=100000")
+        run = serve("-e", "vllm_serve_api_key=never-served-key-0456",
+                    "-e", "vllm_serve_max_model_len=100000")  # fmt: skip
         time.sleep(3)
     assert run.rc != 0
     message = " ".join(run.failures())
@@ -209,6 +211,14 @@ def test_a_setting_only_vllm_refuses_is_rolled_back(deployed, nodes):
     gap = client.longest_gap()
     print(f"\nrolled back: downtime {gap:.0f}s, failed requests {client.failed}; {message[:400]}")
     assert gap <= 2 * vllm_start_seconds(run) + 30
+    # The watchdog asks the rolled-back group with that group's key: over three of the sim's
+    # probe intervals it sees it serve and restarts nothing.
+    inspect = "docker inspect -f '{{.State.StartedAt}}' dgx-spark-vllm"
+    started = sh(hosts["spark-1"], inspect)
+    time.sleep(3 * SERVE["vllm_serve_watchdog_interval"] + 10)
+    assert sh(hosts["spark-1"], inspect) == started
+    state = json.loads(sh(hosts["spark-1"], "cat /var/lib/dgx-spark/watchdog/state.json"))
+    assert state["state"] == "serving" and state["misses"] == 0, state
 
 
 def test_what_the_images_vllm_refuses_touches_no_container(deployed, hosts, nodes):
