@@ -153,6 +153,8 @@ def cluster_report(nodes: dict, head: str, endpoint: dict | None, ray: dict | No
             problems.append(f"{name}: Ray container {ray_name} is {ray_container['state']}")
         if not node.get("image_id"):
             problems.append(f"{name}: no image {image}")
+        # The ranks live in these containers (the Ray executor's actors in the Ray ones): one on
+        # another image than the alias names puts the group on two vLLM builds.
         for part in ("serving", "ray"):
             info = node[part]
             if (
@@ -160,10 +162,10 @@ def cluster_report(nodes: dict, head: str, endpoint: dict | None, ray: dict | No
                 and node.get("image_id")
                 and info["image_id"] != node["image_id"]
             ):
-                warnings.append(
-                    f"{name}: the {part} container runs {_short(info['image_id'])}, not the "
-                    f"current {image} ({_short(node['image_id'])}); it restarts onto it at the "
-                    "next deploy"
+                problems.append(
+                    f"{name}: the {part} container runs {_short(info['image_id'])}, but {image} "
+                    f"is {_short(node['image_id'])}: the ranks are not on one image; run "
+                    "deploy.yml (its serving stage moves every rank together)"
                 )
         for disk in node.get("disks", []):
             if disk["used_pct"] >= settings.get("disk_warn_pct", 90):

@@ -15,8 +15,11 @@ description:
     C(deploy.yml) applied, and the collection's containers on the node as they are now (ID,
     image, running, start time, restarts), to a root-only file.
   - With O(state=compared), reads that file and compares it with the fingerprint given and the
-    containers as they are now. Any difference (a changed setting, a container stopped,
-    restarted, recreated or missing, a node that rebooted) is named in RV(reasons).
+    node as it is now. Any difference (a changed setting, a container stopped, restarted,
+    recreated or missing, a node that rebooted, an image reference that names another image,
+    a host file or weight edited, a firewall table flushed) is named in RV(reasons), and so is
+    a running rank container on another image than O(serving_image).
+  - The comparison is C(plugins/module_utils/deployment_record.py).
   - C(deploy.yml) runs every stage only when a node is not in step; a rerun with nothing to do
     then costs a comparison and one completion instead of every stage's checks.
 author:
@@ -41,6 +44,39 @@ options:
     description: Label key that marks the collection's containers.
     type: str
     default: dgx_spark.cluster.component
+  images:
+    description:
+      - Image references whose IDs the stages read (the serving alias, the cluster base, the
+        donor). A reference that now names another image (a donor pulled anew, an alias
+        retagged) is named in RV(reasons).
+    type: list
+    elements: str
+    default: []
+  serving_image:
+    description:
+      - The alias the ranks run. Every running container of component C(ray) or C(vllm) must
+        run the image behind it; one that runs another is named, whatever the record says.
+    type: str
+    default: ""
+  files:
+    description: Host files the stages wrote, compared by SHA-256 (a missing file counts too).
+    type: list
+    elements: path
+    default: []
+  trees:
+    description:
+      - Directories (the weights) compared by the size and modification time of every file
+        below them, following links; hidden entries are left out.
+    type: list
+    elements: path
+    default: []
+  tables:
+    description:
+      - Live nftables tables (C(family name)), compared by a digest of C(nft -s list table);
+        an absent table or a node without C(nft) counts as empty.
+    type: list
+    elements: str
+    default: []
   state:
     description: C(compared) reads and compares, C(recorded) writes.
     type: str
@@ -76,55 +112,29 @@ containers:
   description: The collection's containers on the node now, by name.
   returned: always
   type: dict
+images:
+  description: The image ID behind each of O(images) now (empty when absent).
+  returned: always
+  type: dict
 """
 
 import json  # noqa: E402
 import os  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib  # noqa: E402
+from ansible_collections.dgx_spark.cluster.plugins.module_utils.deployment_record import (  # noqa: E402
+    compare,
+    file_digest,
+    recorded,
+    snapshot,
+    text_digest,
+    tree_stat,
+)
 
 try:
     import docker
 except ImportError:
     docker = None
-
-
-def snapshot(inspected: list[dict]) -> dict:
-    """The parts of ``docker inspect`` answers that change when a container is touched."""
-    containers = {}
-    for attrs in inspected:
-        state = attrs.get("State") or {}
-        containers[attrs["Name"].lstrip("/")] = {
-            "id": attrs["Id"],
-            "image": attrs.get("Image", ""),
-            "running": bool(state.get("Running")),
-            "started_at": state.get("StartedAt", ""),
-            "restarts": int(attrs.get("RestartCount") or 0),
-        }
-    return containers
-
-
-def compare(record: dict | None, fingerprint: str, containers: dict) -> list[str]:
-    """What differs between the record of the last full deploy and this node now."""
-    if not record:
-        return ["no record of a full deploy on this node"]
-    reasons = []
-    if record.get("fingerprint") != fingerprint:
-        reasons.append("the settings, inventory or collection changed since the last full deploy")
-    recorded = record.get("containers") or {}
-    for name in sorted(set(recorded) | set(containers)):
-        before, now = recorded.get(name), containers.get(name)
-        if before is None:
-            reasons.append(f"{name}: not there at the last full deploy")
-        elif now is None:
-            reasons.append(f"{name}: gone")
-        elif before["id"] != now["id"]:
-            reasons.append(f"{name}: recreated")
-        elif before["running"] and not now["running"]:
-            reasons.append(f"{name}: not running")
-        elif before != now:
-            reasons.append(f"{name}: restarted or changed since the last full deploy")
-    return reasons
 
 
 def read_record(path: str) -> dict | None:
@@ -158,12 +168,40 @@ def inspect_all(client, label: str) -> list[dict]:
     return inspected
 
 
+def image_ids(client, refs: list[str]) -> dict[str, str]:
+    ids = {}
+    for ref in refs:
+        try:
+            ids[ref] = client.api.inspect_image(ref)["Id"]
+        except docker.errors.NotFound:
+            ids[ref] = ""
+    return ids
+
+
+def table_digests(module: AnsibleModule, tables: list[str]) -> dict[str, str]:
+    nft = module.get_bin_path("nft")
+    out = {}
+    for table in tables:
+        if nft is None:
+            out[table] = ""
+            continue
+        # -s: stateless, so the counters of refused connections do not count as a change.
+        rc, stdout, _err = module.run_command([nft, "-s", "list", "table", *table.split()])
+        out[table] = text_digest(stdout) if rc == 0 else ""
+    return out
+
+
 def main() -> None:
     module = AnsibleModule(
         argument_spec={
             "path": {"type": "path", "default": "/var/lib/dgx-spark/deployed.json"},
             "fingerprint": {"type": "str", "required": True},
             "label": {"type": "str", "default": "dgx_spark.cluster.component"},
+            "images": {"type": "list", "elements": "str", "default": []},
+            "serving_image": {"type": "str", "default": ""},
+            "files": {"type": "list", "elements": "path", "default": []},
+            "trees": {"type": "list", "elements": "path", "default": []},
+            "tables": {"type": "list", "elements": "str", "default": []},
             "state": {"type": "str", "choices": ["compared", "recorded"], "default": "compared"},
         },
         supports_check_mode=True,
@@ -172,18 +210,39 @@ def main() -> None:
         module.fail_json(msg=missing_required_lib("docker"))
     params = module.params
     try:
-        containers = snapshot(inspect_all(docker.from_env(), params["label"]))
+        client = docker.from_env()
+        containers = snapshot(inspect_all(client, params["label"]))
+        images = image_ids(client, params["images"])
+        serving = params["serving_image"]
+        serving_id = image_ids(client, [serving])[serving] if serving else ""
     except docker.errors.DockerException as exc:
         module.fail_json(msg=f"cannot ask the Docker engine: {exc}")
+    now = {
+        "fingerprint": params["fingerprint"],
+        "containers": containers,
+        "images": images,
+        "files": {path: file_digest(path) for path in params["files"]},
+        "trees": {root: tree_stat(root) for root in params["trees"]},
+        "tables": table_digests(module, params["tables"]),
+        "serving_image": {"ref": serving, "id": serving_id},
+    }
     record = read_record(params["path"])
     if params["state"] == "compared":
-        reasons = compare(record, params["fingerprint"], containers)
-        module.exit_json(changed=False, in_step=not reasons, reasons=reasons, containers=containers)
-    wanted = {"fingerprint": params["fingerprint"], "containers": containers}
+        reasons = compare(record, now)
+        module.exit_json(
+            changed=False,
+            in_step=not reasons,
+            reasons=reasons,
+            containers=containers,
+            images=images,
+        )
+    wanted = recorded(now)
     changed = record != wanted
     if changed and not module.check_mode:
         write_record(params["path"], wanted)
-    module.exit_json(changed=changed, in_step=True, reasons=[], containers=containers)
+    module.exit_json(
+        changed=changed, in_step=True, reasons=[], containers=containers, images=images
+    )
 
 
 if __name__ == "__main__":

@@ -20,7 +20,8 @@ STAGE_TASKS = (  # one task of each stage that a full run always runs
 def report(run) -> str:
     messages = [r.get("msg", "") for name, _h, r in run.results() if name == "Report it"]
     assert messages, f"in_step.yml said nothing:\n{run.raw[-3000:]}"
-    return messages[0]
+    # One line per reason (a list) when the stages run, one sentence otherwise.
+    return messages[0] if isinstance(messages[0], str) else "\n".join(messages[0])
 
 
 def ran(run) -> set[str]:

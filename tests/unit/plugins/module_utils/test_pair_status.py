@@ -72,6 +72,7 @@ def _multinode(answers, worker_state):
     multinode = copy.deepcopy(answers)
     serving = copy.deepcopy(multinode["nodes"]["spark-1"]["serving"])
     serving["State"].update(worker_state)
+    serving["Image"] = multinode["nodes"]["spark-2"]["image"]["Id"]  # the worker's own build
     multinode["nodes"]["spark-2"]["serving"] = serving
     return multinode
 
@@ -205,3 +206,19 @@ def test_no_watchdog_is_shown_as_a_dash(answers):
     assert report["healthy"]
     (line,) = [line for line in pair_status.render(report) if line.strip().startswith("watchdog")]
     assert line.split() == ["watchdog", "-"]
+
+
+def test_a_rank_container_on_another_image_than_the_alias_is_a_problem(answers):
+    """images.yml moved the alias on spark-2; its Ray container (the rank) still runs the old
+    image: two vLLM builds in one group."""
+    moved = copy.deepcopy(answers)
+    old_id = moved["nodes"]["spark-2"]["image"]["Id"]
+    moved["nodes"]["spark-2"]["image"]["Id"] = "sha256:" + "a63" * 21 + "a"
+    report = _report(moved)
+    assert not report["healthy"]
+    assert report["problems"] == [
+        f"spark-2: the ray container runs {old_id.split(':')[1][:12]}, but "
+        "dgx-spark/vllm-serving:current is a63a63a63a63: the ranks are not on one image; run "
+        "deploy.yml (its serving stage moves every rank together)"
+    ]
+    assert "PROBLEM: spark-2: the ray container runs" in "\n".join(pair_status.render(report))

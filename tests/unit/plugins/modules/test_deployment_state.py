@@ -1,58 +1,22 @@
-"""deployment_state: what a node's record of the last full run says against the node now."""
+"""deployment_state: the module reads Docker, files and tables, and records or compares
+(the comparison itself is tested in test_deployment_record.py)."""
 
 from __future__ import annotations
 
 import os
 import stat
 
-import pytest
 from ansible_collections.dgx_spark.cluster.plugins.modules import deployment_state
 from support.modules import run_module
 
-
-def inspected(name, cid="c1", running=True, started="2026-11-30T10:00:00Z", restarts=0):
-    return {"Name": f"/{name}", "Id": cid, "Image": "sha256:img", "RestartCount": restarts,
-            "State": {"Running": running, "StartedAt": started}}  # fmt: skip
+OLD = "sha256:" + "1" * 64
+NEW = "sha256:" + "2" * 64
 
 
-NOW = deployment_state.snapshot([inspected("dgx-spark-ray"), inspected("dgx-spark-vllm", "c2")])
-
-
-def test_the_same_fingerprint_and_containers_are_in_step():
-    assert deployment_state.compare({"fingerprint": "f", "containers": NOW}, "f", NOW) == []
-
-
-def test_no_record_is_out_of_step():
-    assert deployment_state.compare(None, "f", NOW) == ["no record of a full deploy on this node"]
-
-
-LATER = "2026-11-30T11:00:00Z"
-MOVED = "dgx-spark-vllm: restarted or changed since the last full deploy"
-
-
-@pytest.mark.parametrize(
-    ("vllm", "extra", "reason"),
-    [
-        (None, [], "dgx-spark-vllm: gone"),
-        ({"cid": "c3"}, [], "dgx-spark-vllm: recreated"),
-        ({"cid": "c2", "running": False}, [], "dgx-spark-vllm: not running"),
-        ({"cid": "c2", "started": LATER}, [], MOVED),
-        ({"cid": "c2", "restarts": 1}, [], MOVED),
-        ({"cid": "c2"}, [inspected("dgx-spark-watchdog", "c9")],
-         "dgx-spark-watchdog: not there at the last full deploy"),
-    ],
-)  # fmt: skip
-def test_a_container_that_moved_is_named(vllm, extra, reason):
-    now = [inspected("dgx-spark-ray"), *extra]
-    if vllm is not None:
-        now.append(inspected("dgx-spark-vllm", **vllm))
-    record = {"fingerprint": "f", "containers": NOW}
-    assert deployment_state.compare(record, "f", deployment_state.snapshot(now)) == [reason]
-
-
-def test_a_changed_fingerprint_is_named():
-    reasons = deployment_state.compare({"fingerprint": "old", "containers": NOW}, "new", NOW)
-    assert reasons == ["the settings, inventory or collection changed since the last full deploy"]
+def inspected(name, cid="c1", running=True, image=OLD, component="ray"):
+    return {"Name": f"/{name}", "Id": cid, "Image": image, "RestartCount": 0,
+            "Config": {"Labels": {"dgx_spark.cluster.component": component}},
+            "State": {"Running": running, "StartedAt": "2026-11-30T10:00:00Z"}}  # fmt: skip
 
 
 class FakeDocker:
@@ -76,12 +40,29 @@ class FakeDocker:
     def inspect_container(self, cid):
         return next(c for c in self.containers_now if c["Id"] == cid)
 
+    images_now: dict[str, str] = {}
+
+    def inspect_image(self, ref):
+        if ref not in self.images_now:
+            raise self.errors.NotFound(ref)
+        return {"Id": self.images_now[ref]}
+
 
 def test_record_then_compare_round_trip(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(deployment_state.docker, "from_env", FakeDocker.from_env)
-    FakeDocker.containers_now = [inspected("dgx-spark-ray"), inspected("dgx-spark-vllm", "c2")]
+    FakeDocker.containers_now = [
+        inspected("dgx-spark-ray"), inspected("dgx-spark-vllm", "c2", component="vllm")
+    ]  # fmt: skip
+    FakeDocker.images_now = {"alias:current": OLD, "donor:1": NEW}
+    comm_env = tmp_path / "comm.env"
+    comm_env.write_text("A=1\n")
+    weights = tmp_path / "models"
+    weights.mkdir()
+    (weights / "w.safetensors").write_bytes(b"w")
     path = str(tmp_path / "state" / "deployed.json")
-    args = {"path": path, "fingerprint": "f"}
+    args = {"path": path, "fingerprint": "f", "images": ["alias:current", "donor:1", "absent:1"],
+            "serving_image": "alias:current", "files": [str(comm_env)], "trees": [str(weights)],
+            "tables": []}  # fmt: skip
     rc, result = run_module(deployment_state, args, capsys)
     assert rc == 0 and not result["in_step"] and not result["changed"]
     rc, result = run_module(
@@ -97,3 +78,18 @@ def test_record_then_compare_round_trip(tmp_path, capsys, monkeypatch):
     FakeDocker.containers_now[1] = inspected("dgx-spark-vllm", "c2", running=False)
     rc, result = run_module(deployment_state, args, capsys)
     assert not result["in_step"] and result["reasons"] == ["dgx-spark-vllm: not running"]
+    FakeDocker.containers_now[1] = inspected("dgx-spark-vllm", "c2", component="vllm")
+    assert run_module(deployment_state, args, capsys)[1]["in_step"]
+    # The alias moved (images.yml), a host file was edited, a weight replaced.
+    FakeDocker.images_now["alias:current"] = NEW
+    comm_env.write_text("A=2\n")
+    (weights / "w.safetensors").write_bytes(b"ww")
+    rc, result = run_module(deployment_state, args, capsys)
+    assert result["images"] == {"alias:current": NEW, "donor:1": NEW, "absent:1": ""}
+    assert result["reasons"] == [
+        "alias:current is sha256:222222222222 but dgx-spark-ray runs sha256:111111111111",
+        "alias:current is sha256:222222222222 but dgx-spark-vllm runs sha256:111111111111",
+        "alias:current is sha256:222222222222 (was sha256:111111111111 at the last full deploy)",
+        f"{comm_env}: edited since the last full deploy",
+        f"{weights}: w.safetensors changed, appeared or went since the last full deploy",
+    ]

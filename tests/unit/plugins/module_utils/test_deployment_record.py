@@ -1,0 +1,178 @@
+"""deployment_record: what a node's record of the last full run says against the node now."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+import pytest
+from ansible_collections.dgx_spark.cluster.plugins.module_utils import deployment_record as dr
+
+ALIAS = "dgx-spark/vllm-serving:current"
+COMM = "/etc/dgx-spark/comm.env"
+NETPLAN = "/etc/netplan/40-cx7.yaml"
+OLD = "sha256:" + "7a5" * 21 + "7"
+NEW = "sha256:" + "a63" * 21 + "a"
+
+
+def inspected(name, cid="c1", running=True, started="2026-11-30T10:00:00Z", restarts=0,
+              image=OLD, component="ray"):  # fmt: skip
+    return {"Name": f"/{name}", "Id": cid, "Image": image, "RestartCount": restarts,
+            "Config": {"Labels": {dr.COMPONENT_LABEL: component}},
+            "State": {"Running": running, "StartedAt": started}}  # fmt: skip
+
+
+CONTAINERS = dr.snapshot(
+    [inspected("dgx-spark-ray"), inspected("dgx-spark-vllm", "c2", component="vllm")]
+)
+IMAGES = {"dgx-spark/vllm-serving:current": OLD, "vllm-donor:0.32.0-cpu": "sha256:" + "d" * 64}
+
+
+def node(**changes) -> dict:
+    """The node as the record saw it, with changes."""
+    now = {
+        "fingerprint": "f",
+        "containers": CONTAINERS,
+        "images": IMAGES,
+        "files": {"/etc/dgx-spark/comm.env": "c" * 64, "/etc/netplan/40-cx7.yaml": ""},
+        "trees": {"/var/lib/dgx-spark/models": {"m/model-00001-of-00002.safetensors": [10, 5]}},
+        "tables": {"inet dgx_spark": "t" * 64},
+        "serving_image": {"ref": "dgx-spark/vllm-serving:current", "id": OLD},
+    }
+    return {**now, **changes}
+
+
+RECORD = dr.recorded(node())
+
+
+def test_the_node_as_recorded_is_in_step():
+    assert dr.compare(RECORD, node()) == []
+    assert "serving_image" not in RECORD
+
+
+def test_no_record_is_out_of_step():
+    assert dr.compare(None, node()) == [dr.NO_RECORD]
+
+
+LATER = "2026-11-30T11:00:00Z"
+MOVED = "dgx-spark-vllm: restarted or changed since the last full deploy"
+
+
+@pytest.mark.parametrize(
+    ("vllm", "extra", "reason"),
+    [
+        (None, [], "dgx-spark-vllm: gone"),
+        ({"cid": "c3"}, [], "dgx-spark-vllm: recreated"),
+        ({"cid": "c2", "running": False}, [], "dgx-spark-vllm: not running"),
+        ({"cid": "c2", "started": LATER}, [], MOVED),
+        ({"cid": "c2", "restarts": 1}, [], MOVED),
+        ({"cid": "c2"}, [inspected("dgx-spark-watchdog", "c9", component="watchdog")],
+         "dgx-spark-watchdog: not there at the last full deploy"),
+    ],
+)  # fmt: skip
+def test_a_container_that_moved_is_named(vllm, extra, reason):
+    now = [inspected("dgx-spark-ray"), *extra]
+    if vllm is not None:
+        now.append(inspected("dgx-spark-vllm", component="vllm", **vllm))
+    assert dr.compare(RECORD, node(containers=dr.snapshot(now))) == [reason]
+
+
+def test_a_changed_fingerprint_is_named():
+    assert dr.compare(RECORD, node(fingerprint="new")) == [dr.SETTINGS_CHANGED]
+
+
+def test_the_alias_moved_away_from_what_the_ranks_run_is_named_per_container():
+    """images.yml moved the alias: the containers still run the old image."""
+    moved = node(images={**IMAGES, "dgx-spark/vllm-serving:current": NEW},
+                 serving_image={"ref": "dgx-spark/vllm-serving:current", "id": NEW})  # fmt: skip
+    assert dr.compare(RECORD, moved) == [
+        f"{ALIAS} is sha256:a63a63a63a63 but dgx-spark-ray runs sha256:7a57a57a57a5",
+        f"{ALIAS} is sha256:a63a63a63a63 but dgx-spark-vllm runs sha256:7a57a57a57a5",
+        f"{ALIAS} is sha256:a63a63a63a63 (was sha256:7a57a57a57a5 at the last full deploy)",
+    ]
+
+
+def test_the_alias_check_holds_without_a_record_and_skips_stopped_and_other_containers():
+    containers = dr.snapshot(
+        [
+            inspected("dgx-spark-ray", image=NEW),
+            inspected("dgx-spark-vllm-previous", "c4", running=False, component="vllm"),
+            inspected("dgx-spark-watchdog", "c5", component="watchdog"),
+        ]
+    )
+    serving = {"ref": "dgx-spark/vllm-serving:current", "id": NEW}
+    assert dr.compare(None, node(containers=containers, serving_image=serving)) == [dr.NO_RECORD]
+    half = dr.snapshot(
+        [inspected("dgx-spark-ray", image=NEW), inspected("dgx-spark-vllm", "c2", component="vllm")]
+    )
+    assert dr.rank_image_reasons(serving["ref"], NEW, half) == [
+        f"{ALIAS} is sha256:a63a63a63a63 but dgx-spark-vllm runs sha256:7a57a57a57a5"
+    ]
+    assert dr.rank_image_reasons("", NEW, half) == []
+
+
+def test_a_donor_pulled_anew_is_named():
+    pulled = node(images={**IMAGES, "vllm-donor:0.32.0-cpu": NEW})
+    assert dr.compare(RECORD, pulled) == [
+        "vllm-donor:0.32.0-cpu is sha256:a63a63a63a63 "
+        "(was sha256:dddddddddddd at the last full deploy)"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("files", "reason"),
+    [
+        ({COMM: "e" * 64}, f"{COMM}: edited since the last full deploy"),
+        ({COMM: ""}, f"{COMM}: gone since the last full deploy"),
+        ({NETPLAN: "n" * 64}, f"{NETPLAN}: not there at the last full deploy"),
+    ],
+)  # fmt: skip
+def test_a_host_file_that_moved_is_named(files, reason):
+    assert dr.compare(RECORD, node(files={**RECORD["files"], **files})) == [reason]
+
+
+def test_a_weight_file_that_moved_is_named():
+    root = "/var/lib/dgx-spark/models"
+    edited = node(trees={root: {"m/model-00001-of-00002.safetensors": [10, 6], "m/extra": [1, 1]}})
+    assert dr.compare(RECORD, edited) == [
+        f"{root}: m/extra, m/model-00001-of-00002.safetensors changed, appeared or went since the "
+        "last full deploy"
+    ]
+    many = node(trees={root: {f"f{i}": [1, 1] for i in range(5)}})
+    assert "f0, f1, f2 and 3 more" in dr.compare(RECORD, many)[0]
+
+
+@pytest.mark.parametrize(
+    ("digest", "word"), [("", "gone"), ("u" * 64, "differs")]
+)  # fmt: skip
+def test_a_live_table_that_moved_is_named(digest, word):
+    assert dr.compare(RECORD, node(tables={"inet dgx_spark": digest})) == [
+        f"nftables table inet dgx_spark: {word} since the last full deploy"
+    ]
+
+
+def test_file_digest_is_sha256_of_the_bytes_and_empty_when_absent(tmp_path):
+    path = tmp_path / "comm.env"
+    path.write_bytes(b"NCCL_IB_HCA=rocep1s0f1\n")
+    # Known value: sha256 of that line, computed by hashlib directly.
+    assert dr.file_digest(str(path)) == hashlib.sha256(b"NCCL_IB_HCA=rocep1s0f1\n").hexdigest()
+    assert dr.file_digest(str(tmp_path / "missing")) == ""
+    assert dr.text_digest("") == ""
+
+
+def test_tree_stat_follows_links_and_leaves_hidden_entries_out(tmp_path):
+    blobs = tmp_path / "blobs"
+    blobs.mkdir()
+    (blobs / "abc").write_bytes(b"x" * 7)
+    snap = tmp_path / "snapshots" / "rev"
+    snap.mkdir(parents=True)
+    (snap / "model.safetensors").symlink_to(blobs / "abc")
+    (snap / "gone.safetensors").symlink_to(blobs / "nothing")
+    (tmp_path / ".verified").mkdir()
+    (tmp_path / ".verified" / "x.json").write_text("{}")
+    os.utime(blobs / "abc", ns=(1, 1_000_000_123))
+    assert dr.tree_stat(str(tmp_path)) == {
+        "blobs/abc": [7, 1_000_000_123],
+        "snapshots/rev/gone.safetensors": [-1, -1],
+        "snapshots/rev/model.safetensors": [7, 1_000_000_123],
+    }
