@@ -5,9 +5,9 @@
 * ``nvidia-smi --query-gpu=name,driver_version --format=csv,noheader`` (or ``name`` alone):
   every GPU a GB10, and as many as ``spark_gpus`` says.
 * The kernel release (``uname -r``) and the NVIDIA driver release against a small table of
-  releases with public reports of breaking RDMA or NCCL on Sparks. A match is a warning
-  with its reason and source, never a failure: the reports describe symptoms on some
-  setups, and the link checks decide.
+  releases with public reports of breaking RDMA or NCCL (or the GPU driver) on Sparks. A
+  match is a warning with its reason and source, never a failure: the reports describe
+  symptoms on some setups, and the link checks decide.
 
 Pure standard library, no Ansible imports.
 """
@@ -18,34 +18,59 @@ import re
 
 GPU_NAME = "NVIDIA GB10"
 
-# Releases with public reports of breaking RDMA/NCCL on GB10 machines. ``match`` is a regular
-# expression over the whole release string. Add an entry only with its public source.
+# Releases with public reports of breaking RDMA/NCCL (or, where ``breaks`` says so, something
+# else serving needs) on GB10 machines. ``match`` is a regular expression over the whole
+# release string. Add an entry only with its public source. The memory check of vllm_serve
+# (module_utils/spark_memory.py) measures the KHO fault below instead of trusting this table.
 KNOWN_BAD = (
     {
         "component": "kernel",
         "match": r"7\.0\.0-1019-nvidia",
         "reason": (
             "NCCL fails at init with 'ibv_reg_mr_iova2 failed ... Cannot allocate memory' "
-            "(ENOMEM) over RoCE on GB10 pairs; CmaTotal is 0 kB under this kernel. Booting "
-            "6.17.0-1031-nvidia or 6.17.0-1032-nvidia (same driver 580.173.02) cured it. "
-            "Also reported: whole-host wedges right after NCCL rendezvous"
+            "(ENOMEM) over RoCE on GB10 pairs. Cause: kexec handover (KHO), on by default in "
+            "this kernel, leaves ~9.3 GiB of CMA pageblocks outside any CMA area (CmaFree "
+            "above CmaTotal in /proc/meminfo) that long-term RDMA pins cannot use; booting "
+            "with kho=off cured it, as did booting 6.17.0-1031-nvidia or 6.17.0-1032-nvidia "
+            "(same driver 580.173.02). Also reported: whole-host wedges right after NCCL "
+            "rendezvous"
         ),
         "sources": (
             "github.com/MiaAI-Lab/DeepSeek-v4.1-Flash-DGX-Sparks/issues/14",
             "github.com/eugr/spark-vllm-docker/issues/389",
             "github.com/luxingcom/aicad-nccl-optimization/issues/1",
             "github.com/NVIDIA/open-gpu-kernel-modules/issues/1358",
+            "github.com/NVIDIA/NV-Kernels/pull/590",
+            "github.com/MiaAI-Lab/DeepSeek-v4-Flash-DSpark-2x-DGX-Spark/issues/259",
         ),
     },
     {
         "component": "kernel",
-        "match": r"7\.0\.0-31-generic",
+        "match": r"7\.0\.0-3[01]-generic",
         "reason": (
             "NCCL init failed with ibv_reg_mr_iova2 ENOMEM on a GB10 pair with the HWE kernel "
-            "7.0.0-31 while 7.0.0-30 worked; in that report pending board firmware updates "
-            "(fwupdmgr) cured it"
+            "7.0.0-31, then also on 7.0.0-30; the reporter traced it to the scratch area of "
+            "kexec handover (KHO, CONFIG_KEXEC_HANDOVER_ENABLE_DEFAULT=y): 9.3 GiB of CMA "
+            "pageblocks while CmaTotal showed 32 MiB. kho=off on the kernel command line cured "
+            "it on that pair and on a second one"
         ),
         "sources": ("github.com/MiaAI-Lab/DeepSeek-v4-Flash-DSpark-2x-DGX-Spark/issues/259",),
+    },
+    {
+        "component": "kernel",
+        "match": r"6\.17\.0-1008-nvidia",
+        "breaks": "the GPU driver",
+        "reason": (
+            "after the DGX OS 7.4.0 update (February 2026) one Spark failed every boot with "
+            "'Failed to query NVIDIA devices' and PCI DOE mailbox timeouts; EFI pstore held "
+            "aarch64 kernel panics of this kernel. A community analysis of that user's "
+            "sosreport, not a reproduction by an owner"
+        ),
+        "sources": (
+            "forums.developer.nvidia.com/t/root-cause-analysis-dgx-spark-driver-failure-"
+            "kernel-6-17-0-1008-nvidia-aarch64-panics-cause-doe-mailbox-failure-pstore-"
+            "evidence/366026",
+        ),
     },
 )
 
@@ -122,7 +147,8 @@ def platform_warnings(kernel: str, drivers: list[str] | str, host: str = "", tab
     for driver in sorted({d for d in drivers if d}):
         found += [("driver", driver, e) for e in known_bad("driver", driver, table)]
     return [
-        f"{where}{component} {release} has public reports of breaking RDMA/NCCL on Sparks: "
+        f"{where}{component} {release} has public reports of breaking "
+        f"{entry.get('breaks', 'RDMA/NCCL')} on Sparks: "
         f"{entry['reason']} (see {', '.join(entry['sources'])})"
         for component, release, entry in found
     ]

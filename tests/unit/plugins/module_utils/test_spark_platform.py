@@ -59,6 +59,11 @@ def test_check_gpus_without_gpus(text, words):
     [
         ("7.0.0-1019-nvidia", 1),
         ("7.0.0-31-generic", 1),
+        ("7.0.0-30-generic", 1),
+        ("7.0.0-29-generic", 0),
+        ("7.0.0-310-generic", 0),
+        ("6.17.0-1008-nvidia", 1),
+        ("6.17.0-1008-nvidia-64k", 0),
         ("6.17.0-1032-nvidia", 0),
         ("6.17.0-1031-nvidia", 0),
         ("7.0.0-10190-nvidia", 0),
@@ -74,6 +79,33 @@ def test_every_table_entry_has_a_reason_and_a_source():
     for entry in sp.KNOWN_BAD:
         assert entry["component"] in ("kernel", "driver")
         assert len(entry["reason"]) > 40 and entry["sources"]
+        assert all(
+            s.startswith(("github.com/", "forums.developer.nvidia.com/")) for s in entry["sources"]
+        )
+        assert set(entry) <= {"component", "match", "reason", "sources", "breaks"}
+
+
+def test_the_kho_entries_name_the_cause_and_the_fix():
+    for kernel in ("7.0.0-1019-nvidia", "7.0.0-30-generic"):
+        (entry,) = sp.known_bad("kernel", kernel)
+        assert "kho=off" in entry["reason"] and "KHO" in entry["reason"]
+        assert (
+            "github.com/MiaAI-Lab/DeepSeek-v4-Flash-DSpark-2x-DGX-Spark/issues/259"
+            in (entry["sources"])
+        )
+    (entry,) = sp.known_bad("kernel", "7.0.0-1019-nvidia")
+    assert "github.com/NVIDIA/NV-Kernels/pull/590" in entry["sources"]
+
+
+def test_an_entry_that_breaks_something_else_says_what():
+    (warning,) = sp.platform_warnings("6.17.0-1008-nvidia", ["580.126.09"], "spark-1")
+    assert warning.startswith(
+        "spark-1: kernel 6.17.0-1008-nvidia has public reports of breaking the GPU driver on "
+        "Sparks: after the DGX OS 7.4.0 update"
+    )
+    assert "forums.developer.nvidia.com/t/root-cause-analysis" in warning
+    (warning,) = sp.platform_warnings("7.0.0-30-generic", [], "spark-1")
+    assert "has public reports of breaking RDMA/NCCL on Sparks" in warning
 
 
 def test_platform_warnings_name_the_node_the_release_and_the_reason():

@@ -1,0 +1,225 @@
+# Copyright: contributors to the dgx_spark.cluster collection
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""Memory checks before the serving ranks start on a DGX Spark, decided on captured text.
+
+A GB10's memory is unified: the GPU allocates from the same pool as the host, and a start
+that does not fit hard-resets the host (NV_ERR_NO_MEMORY) instead of failing one process.
+So before the serving group is stopped, each node must be able to hold the new ranks:
+
+* **memory**: ``MemAvailable + held >= gpu_memory_utilization x MemTotal + margin``.
+  ``MemAvailable`` is the kernel's estimate of what new allocations get without swapping;
+  it already counts the reclaimable page cache (``Active(file)`` + ``Inactive(file)``) and
+  reclaimable slab, which the role drops right before the ranks start, and leaves out
+  ``Shmem``, which a cache drop does not free. ``MemFree`` alone would refuse every start
+  right after the weights were read. ``held`` is the GPU memory of the processes in this
+  collection's running rank containers (``nvidia-smi --query-compute-apps``): a restart
+  stops them, so it comes back. GB10's driver memory is not page cache and not in
+  ``MemAvailable``, and nvidia-smi reports it per process even though its device totals
+  read ``[N/A]``.
+* **CMA**: free pageblocks of migrate type CMA beyond every CMA area (``CmaFree`` greater
+  than ``CmaTotal``) are the scratch area of kexec handover (KHO), which the 7.0 kernels
+  enable by default. RDMA memory registration cannot pin pages there: NCCL's
+  ``ibv_reg_mr`` fails with ENOMEM. ``CmaTotal`` 0 alone is no fault: kernels built
+  without a default CMA pool, and a node booted with ``kho=off``, show 0 and 0.
+
+Pure standard library, no Ansible imports. /proc/meminfo text may start with ``#`` lines
+(the test fixtures' headers), which are skipped.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+GIB = 1 << 30
+MIB = 1 << 20
+# vLLM's own default for --gpu-memory-utilization, used when the setting is left empty.
+VLLM_DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
+# The largest margin accepted: a margin as large as a Spark's memory leaves nothing to serve.
+MAX_MARGIN_GIB = 64
+
+KHO_FIX = (
+    "Fix: add kho=off to the kernel command line (GRUB_CMDLINE_LINUX_DEFAULT in "
+    "/etc/default/grub, then update-grub and a reboot), or boot 6.17.0-1032-nvidia; "
+    "afterwards CmaFree reads 0. Reports: "
+    "github.com/NVIDIA/NV-Kernels/pull/590, "
+    "github.com/MiaAI-Lab/DeepSeek-v4-Flash-DSpark-2x-DGX-Spark/issues/259, "
+    "github.com/MiaAI-Lab/DeepSeek-v4.1-Flash-DGX-Sparks/issues/14"
+)
+
+_LINE = re.compile(r"^([A-Za-z0-9_()]+):\s+(\d+)(?:\s+(kB))?\s*$")
+
+
+class MeminfoError(ValueError):
+    """The text is not /proc/meminfo."""
+
+
+def parse_meminfo(text: str) -> dict[str, int]:
+    """``/proc/meminfo`` as ``{field: value}``: bytes for ``kB`` fields, counts otherwise."""
+    fields: dict[str, int] = {}
+    for number, raw in enumerate((text or "").splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        match = _LINE.match(line)
+        if not match:
+            raise MeminfoError(f"line {number} is not a /proc/meminfo field: {line[:60]!r}")
+        name, value, unit = match.groups()
+        fields[name] = int(value) * (1024 if unit else 1)
+    if "MemTotal" not in fields:
+        raise MeminfoError("no MemTotal line: not /proc/meminfo")
+    return fields
+
+
+def parse_compute_apps(text: str) -> dict[int, int | None]:
+    """``nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits`` as
+    ``{pid: bytes}``; ``None`` where the driver reports no number (``[N/A]``)."""
+    apps: dict[int, int | None] = {}
+    for raw in (text or "").splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#") or line.lower().startswith("no running"):
+            continue
+        cells = [c.strip() for c in line.split(",")]
+        if len(cells) != 2 or not cells[0].isdigit():
+            raise MeminfoError(
+                f"not a 'pid, used_memory' line of nvidia-smi --query-compute-apps "
+                f"(--format=csv,noheader,nounits): {line[:60]!r}"
+            )
+        used = (cells[1].split() or [""])[0]
+        apps[int(cells[0])] = int(used) * MIB if used.isdigit() else None
+    return apps
+
+
+def parse_pids(text: str) -> list[int]:
+    """The PIDs of ``docker top NAME -eo pid`` (a ``PID`` header, then one a line)."""
+    return [int(t) for t in (text or "").split() if t.isdigit()]
+
+
+def held_by(apps: dict[int, int | None], pids) -> dict:
+    """GPU memory of the processes among ``pids``: {bytes, processes, unknown}."""
+    wanted = {int(p) for p in pids or ()}
+    mine = {pid: used for pid, used in apps.items() if pid in wanted}
+    return {
+        "bytes": sum(u for u in mine.values() if u is not None),
+        "processes": sorted(mine),
+        "unknown": sorted(pid for pid, used in mine.items() if used is None),
+    }
+
+
+def _number(value):
+    if isinstance(value, bool):
+        raise TypeError("a boolean is not a number")
+    number = float(value)
+    if math.isnan(number) or math.isinf(number):
+        raise ValueError("not finite")
+    return number
+
+
+def setting_errors(gpu_memory_utilization, margin_gib) -> list[str]:
+    """The memory check's own settings; each message names its variable."""
+    errors = []
+    if gpu_memory_utilization not in (None, ""):
+        try:
+            good = 0 < _number(gpu_memory_utilization) <= 1
+        except (TypeError, ValueError):
+            good = False
+        if not good:
+            errors.append(
+                f"vllm_serve_gpu_memory_utilization is {gpu_memory_utilization!r}; "
+                "allowed: a number in (0, 1], or empty"
+            )
+    try:
+        good = 0 <= _number(margin_gib) <= MAX_MARGIN_GIB
+    except (TypeError, ValueError):
+        good = False
+    if not good:
+        errors.append(
+            f"vllm_serve_memory_margin_gib is {margin_gib!r}; "
+            f"allowed: a number of GiB from 0 to {MAX_MARGIN_GIB}"
+        )
+    return errors
+
+
+def _gib(value: float) -> str:
+    return f"{value / GIB:.2f} GiB"
+
+
+def _mib(value: float) -> str:
+    return f"{value / MIB:.0f} MiB"
+
+
+def check_memory(
+    meminfo: str, gpu_memory_utilization, margin_gib, held: dict | None = None, host: str = ""
+) -> dict:
+    """Whether the node can hold the ranks: {passed, message, total, available, held, needed,
+    utilization, margin} (bytes). ``held`` is :func:`held_by`'s answer for the running ranks."""
+    where = f"{host}: " if host else ""
+    errors = setting_errors(gpu_memory_utilization, margin_gib)
+    if errors:
+        raise ValueError("; ".join(errors))
+    fields = parse_meminfo(meminfo)
+    if "MemAvailable" not in fields:
+        raise MeminfoError("no MemAvailable line (a kernel older than 3.14 does not report it)")
+    default = gpu_memory_utilization in (None, "")
+    fraction = VLLM_DEFAULT_GPU_MEMORY_UTILIZATION if default else _number(gpu_memory_utilization)
+    margin = _number(margin_gib) * GIB
+    held = held or {"bytes": 0, "processes": [], "unknown": []}
+    total, available = fields["MemTotal"], fields["MemAvailable"]
+    needed = fraction * total + margin
+    usable = available + held["bytes"]
+    util = f"{fraction:g}" + (" (vLLM's default)" if default else "")
+    result = {
+        "total": total,
+        "available": available,
+        "held": held["bytes"],
+        "needed": needed,
+        "utilization": fraction,
+        "margin": margin,
+    }
+    notes = []
+    if held["processes"]:
+        notes.append(
+            f"GPU processes {', '.join(map(str, held['processes']))}, freed by the restart"
+        )
+    if held["unknown"]:
+        notes.append(f"nvidia-smi gave no memory for {', '.join(map(str, held['unknown']))}")
+    running = f"{_gib(held['bytes'])} held by the running ranks"
+    if notes:
+        running += f" ({'; '.join(notes)})"
+    numbers = (
+        f"total {_gib(total)}, available {_gib(available)} + {running}, "
+        f"needed {_gib(needed)} (gpu_memory_utilization {util} x total "
+        f"+ vllm_serve_memory_margin_gib {_number(margin_gib):g})"
+    )
+    if usable >= needed:
+        return {**result, "passed": True, "message": f"{where}memory holds the start: {numbers}"}
+    fits = math.floor(max(usable - margin, 0) / total * 100) / 100
+    advice = f"at most {fits:.2f} fits now" if fits > 0 else "no fraction fits now"
+    message = (
+        f"{where}memory cannot hold the start: {numbers}. A start that does not fit "
+        f"hard-resets a GB10 host (NV_ERR_NO_MEMORY), so nothing was stopped. Stop what else "
+        f"holds memory on this node, or lower vllm_serve_gpu_memory_utilization ({advice}) "
+        "or vllm_serve_memory_margin_gib"
+    )
+    return {**result, "passed": False, "message": message}
+
+
+def check_cma(meminfo: str, host: str = "") -> dict:
+    """Refuse free CMA pageblocks outside every CMA area (KHO scratch): {passed, message,
+    cma_total, cma_free} (bytes; ``None`` when the kernel has no CMA)."""
+    where = f"{host}: " if host else ""
+    fields = parse_meminfo(meminfo)
+    total, free = fields.get("CmaTotal"), fields.get("CmaFree")
+    result = {"cma_total": total, "cma_free": free}
+    if total is None or free is None:
+        return {**result, "passed": True, "message": f"{where}a kernel without CMA"}
+    numbers = f"CmaTotal {_mib(total)}, CmaFree {_mib(free)}"
+    if free <= total:
+        return {**result, "passed": True, "message": f"{where}{numbers}"}
+    message = (
+        f"{where}{numbers}: {_mib(free - total)} of free CMA pageblocks belong to no CMA area. "
+        "They are the scratch area of kexec handover (KHO), on by default in the 7.0 kernels; "
+        "RDMA cannot pin pages there, so NCCL's ibv_reg_mr fails with ENOMEM and the ranks "
+        f"die at start. {KHO_FIX}"
+    )
+    return {**result, "passed": False, "message": message}

@@ -1,0 +1,188 @@
+"""Tests for plugins/module_utils/spark_memory.py on captured and reconstructed /proc/meminfo
+samples (tests/unit/fixtures/vllm_serve/meminfo_*.txt; each file's header says where its
+numbers come from)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from ansible_collections.dgx_spark.cluster.plugins.module_utils import spark_memory as sm
+
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "vllm_serve"
+GIB = 1 << 30
+
+
+def fixture(name: str) -> str:
+    return (FIXTURES / name).read_text()
+
+
+def test_parse_the_real_capture_skips_its_header_and_keeps_counts():
+    fields = sm.parse_meminfo(fixture("meminfo_build_machine.txt"))
+    assert fields["MemTotal"] == 24684084 * 1024
+    assert 0 < fields["MemAvailable"] <= fields["MemTotal"]
+    assert fields["HugePages_Total"] == 0  # a count, not kB
+    assert "CmaTotal" not in fields
+
+
+def test_parse_a_spark_sample():
+    fields = sm.parse_meminfo(fixture("meminfo_spark_idle.txt"))
+    assert fields == {
+        "MemTotal": 127600748 * 1024,
+        "MemAvailable": 118566368 * 1024,
+        "CmaTotal": 0,
+        "CmaFree": 0,
+    }
+    assert round(fields["MemTotal"] / GIB, 2) == 121.69
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("", "no MemTotal"),
+        ("# only a header\n", "no MemTotal"),
+        ("MemTotal: lots\n", "line 1 is not a /proc/meminfo field"),
+        ("total used free\nMem: 1 2 3\n", "line 1 is not"),
+    ],
+)
+def test_parse_refuses_what_is_not_meminfo(text, words):
+    with pytest.raises(sm.MeminfoError, match=words):
+        sm.parse_meminfo(text)
+
+
+def test_parse_compute_apps_and_what_the_ranks_hold():
+    apps = sm.parse_compute_apps(fixture("nvidia_smi_compute_apps_llama.txt"))
+    assert apps == {4242: 38554 * (1 << 20), 4300: None}
+    held = sm.held_by(apps, sm.parse_pids("PID\n4242\n4300\n999\n"))
+    assert held == {"bytes": 38554 * (1 << 20), "processes": [4242, 4300], "unknown": [4300]}
+    assert sm.held_by(apps, [1, 2]) == {"bytes": 0, "processes": [], "unknown": []}
+    assert sm.parse_compute_apps("No running processes found\n") == {}
+    assert sm.parse_compute_apps("") == {}
+    with pytest.raises(sm.MeminfoError, match="pid, used_memory"):
+        sm.parse_compute_apps("pid, used_memory [MiB]\n")
+
+
+def test_an_idle_spark_holds_the_recipe():
+    result = sm.check_memory(fixture("meminfo_spark_idle.txt"), 0.8, 8, host="spark-1")
+    assert result["passed"] is True
+    assert result["message"] == (
+        "spark-1: memory holds the start: total 121.69 GiB, available 113.07 GiB + 0.00 GiB "
+        "held by the running ranks, needed 105.35 GiB (gpu_memory_utilization 0.8 x total "
+        "+ vllm_serve_memory_margin_gib 8)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("utilization", "passed"),
+    [(0.85, True), (0.86, True), (0.87, False), ("", False), (0.5, True)],
+)
+def test_the_default_margin_admits_the_published_fractions(utilization, passed):
+    # 0.85 runs on published pairs; 0.87 never passed vLLM's own start-up check on one of
+    # them (MiaAI-Lab/GLM-5.3-Flash-EXL3-2x-DGX-Sparks#47); empty means vLLM's 0.9.
+    result = sm.check_memory(fixture("meminfo_spark_idle.txt"), utilization, 8)
+    assert result["passed"] is passed, result["message"]
+
+
+def test_a_spark_busy_with_another_program_is_refused_with_the_numbers():
+    result = sm.check_memory(fixture("meminfo_spark_llama_loaded.txt"), 0.8, 8, host="spark-2")
+    assert result["passed"] is False
+    assert result["message"] == (
+        "spark-2: memory cannot hold the start: total 121.69 GiB, available 75.12 GiB + 0.00 GiB "
+        "held by the running ranks, needed 105.35 GiB (gpu_memory_utilization 0.8 x total "
+        "+ vllm_serve_memory_margin_gib 8). A start that does not fit hard-resets a GB10 host "
+        "(NV_ERR_NO_MEMORY), so nothing was stopped. Stop what else holds memory on this node, "
+        "or lower vllm_serve_gpu_memory_utilization (at most 0.55 fits now) or "
+        "vllm_serve_memory_margin_gib"
+    )
+    assert sm.check_memory(fixture("meminfo_spark_llama_loaded.txt"), 0.55, 8)["passed"]
+
+
+def test_what_the_running_ranks_hold_counts_back():
+    # The same node, when the GPU process is one of the collection's ranks: a restart
+    # stops it, so its 37.65 GiB come back.
+    apps = sm.parse_compute_apps(fixture("nvidia_smi_compute_apps_llama.txt"))
+    held = sm.held_by(apps, [4242])
+    result = sm.check_memory(fixture("meminfo_spark_llama_loaded.txt"), 0.8, 8, held, "spark-2")
+    assert result["passed"] is True, result["message"]
+    words = "+ 37.65 GiB held by the running ranks (GPU processes 4242, freed by the restart),"
+    assert words in result["message"]
+    unknown = sm.held_by(apps, [4300])
+    result = sm.check_memory(fixture("meminfo_spark_llama_loaded.txt"), 0.8, 8, unknown)
+    assert result["passed"] is False
+    words = "(GPU processes 4300, freed by the restart; nvidia-smi gave no memory for 4300)"
+    assert words in result["message"]
+
+
+def test_the_real_capture_of_a_small_machine_is_refused():
+    result = sm.check_memory(fixture("meminfo_build_machine.txt"), 0.8, 8, host="build")
+    assert result["passed"] is False
+    assert "total 23.54 GiB" in result["message"]
+    assert "needed 26.83 GiB" in result["message"]
+    assert "(no fraction fits now)" in result["message"] or "at most 0." in result["message"]
+    assert sm.check_memory(fixture("meminfo_build_machine.txt"), 0.1, 0)["passed"]
+
+
+def test_a_sample_without_memavailable_is_an_error():
+    with pytest.raises(sm.MeminfoError, match="no MemAvailable"):
+        sm.check_memory(fixture("meminfo_spark_kho_1019.txt"), 0.8, 8)
+
+
+@pytest.mark.parametrize(
+    ("utilization", "margin", "errors"),
+    [
+        (0.8, 8, []),
+        ("", 0, []),
+        (None, 64, []),
+        ("0.8", "8", []),
+        (0, 8, ["vllm_serve_gpu_memory_utilization is 0; allowed: a number in (0, 1], or empty"]),
+        (1.2, 8, ["vllm_serve_gpu_memory_utilization is 1.2"]),
+        ("lots", 8, ["vllm_serve_gpu_memory_utilization is 'lots'"]),
+        (0.8, -1, ["vllm_serve_memory_margin_gib is -1; allowed: a number of GiB from 0 to 64"]),
+        (0.8, 65, ["vllm_serve_memory_margin_gib is 65"]),
+        (0.8, "", ["vllm_serve_memory_margin_gib is ''"]),
+        (0.8, True, ["vllm_serve_memory_margin_gib is True"]),
+        (0.8, float("nan"), ["vllm_serve_memory_margin_gib is nan"]),
+    ],
+)
+def test_setting_errors_name_the_variable(utilization, margin, errors):
+    found = sm.setting_errors(utilization, margin)
+    assert len(found) == len(errors)
+    for message, words in zip(found, errors, strict=True):
+        assert message.startswith(words), message
+    if errors:
+        with pytest.raises(ValueError, match="vllm_serve_"):
+            sm.check_memory(fixture("meminfo_spark_idle.txt"), utilization, margin)
+
+
+@pytest.mark.parametrize(
+    ("name", "passed", "words"),
+    [
+        ("meminfo_spark_idle.txt", True, "spark-1: CmaTotal 0 MiB, CmaFree 0 MiB"),
+        ("meminfo_build_machine.txt", True, "spark-1: a kernel without CMA"),
+        (
+            "meminfo_spark_kho_1019.txt",
+            False,
+            "spark-1: CmaTotal 0 MiB, CmaFree 919 MiB: 919 MiB of free CMA pageblocks "
+            "belong to no CMA area",
+        ),
+        (
+            "meminfo_spark_kho_7.0.0-30.txt",
+            False,
+            "spark-1: CmaTotal 32 MiB, CmaFree 9523 MiB: 9491 MiB of free CMA pageblocks",
+        ),
+    ],
+)
+def test_cma_check(name, passed, words):
+    result = sm.check_cma(fixture(name), "spark-1")
+    assert result["passed"] is passed
+    assert result["message"].startswith(words), result["message"]
+    if not passed:
+        assert "kho=off" in result["message"] and "ibv_reg_mr" in result["message"]
+        assert "github.com/NVIDIA/NV-Kernels/pull/590" in result["message"]
+
+
+def test_cma_total_zero_alone_is_no_fault():
+    # Kernels without a default CMA pool (NV-Kernels PR #403) and kho=off both read 0 and 0.
+    assert sm.check_cma("MemTotal: 1 kB\nCmaTotal: 0 kB\nCmaFree: 0 kB\n")["passed"] is True
+    healthy_pool = "MemTotal: 1 kB\nCmaTotal: 65536 kB\nCmaFree: 60000 kB\n"
+    assert sm.check_cma(healthy_pool)["passed"] is True

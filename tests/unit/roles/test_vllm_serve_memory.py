@@ -1,0 +1,214 @@
+"""roles/vllm_serve/tasks/memory.yml as preflight runs it, on two local "nodes" without Docker
+or a GPU: each node reads a /proc/meminfo sample (tests/unit/fixtures/vllm_serve/), a stand-in
+Docker API on a Unix socket says which rank containers run, and stand-in `docker` and
+`nvidia-smi` commands answer `docker top` and the per-process GPU memory query."""
+
+from __future__ import annotations
+
+import json
+import os
+import socketserver
+import subprocess
+import sys
+import tempfile
+import threading
+from http.server import BaseHTTPRequestHandler
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[3]
+BIN = Path(sys.executable).parent
+FIXTURES = ROOT / "tests" / "unit" / "fixtures" / "vllm_serve"
+IDS = {"dgx-spark-vllm": "ab" * 32, "dgx-spark-ray": "cd" * 32}
+
+
+class _DockerAPI(BaseHTTPRequestHandler):
+    """The three calls community.docker.docker_container_info makes."""
+
+    protocol_version = "HTTP/1.1"
+    running: set[str] = set()
+
+    def address_string(self):
+        return "local"
+
+    def log_message(self, *args):
+        pass
+
+    def _send(self, code: int, body) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):  # noqa: N802 (http.server's name)
+        path = self.path.split("?")[0]
+        names = {v: k for k, v in IDS.items()}
+        if path.endswith("/version"):
+            return self._send(200, {"ApiVersion": "1.41", "Version": "20.10.0"})
+        if path.endswith("/containers/json"):
+            return self._send(
+                200, [{"Id": IDS[n], "Names": [f"/{n}"], "State": "running"} for n in self.running]
+            )
+        if "/containers/" in path and path.endswith("/json"):
+            key = path.split("/containers/")[1].removesuffix("/json")
+            name = names.get(key, key)
+            if name in self.running:
+                return self._send(
+                    200, {"Id": IDS[name], "Name": f"/{name}", "State": {"Running": True}}
+                )
+            return self._send(404, {"message": f"No such container: {name}"})
+        return self._send(404, {"message": "not served here"})
+
+
+class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+
+
+@pytest.fixture
+def docker_api():
+    # A short directory: a Unix socket's path is limited to about 100 bytes.
+    with tempfile.TemporaryDirectory(prefix="dgxmem") as directory:
+        server = _Server(os.path.join(directory, "docker.sock"), _DockerAPI)
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
+        yield server
+        server.shutdown()
+        server.server_close()
+
+
+def run(tmp_path: Path, docker_api, samples: dict, running=(), **extra) -> dict:
+    """Run memory.yml on spark-1 and spark-2; {rc, out, results: {task name: result}}."""
+    _DockerAPI.running = set(running)
+    stubs = tmp_path / "bin"
+    stubs.mkdir()
+    (stubs / "docker").write_text("#!/bin/sh\n[ \"$1\" = top ] && printf 'PID\\n4100\\n4242\\n'\n")
+    apps = FIXTURES / "nvidia_smi_compute_apps_llama.txt"
+    (stubs / "nvidia-smi").write_text(f"#!/bin/sh\ncat '{apps}'\n")
+    for stub in stubs.iterdir():
+        stub.chmod(0o755)
+    host = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+    hosts = {
+        name: {**host, "_vllm_serve_meminfo_path": str(FIXTURES / sample)}
+        for name, sample in samples.items()
+    }
+    inventory = {
+        "all": {
+            "vars": {"spark_hardware": True, **extra},
+            "children": {
+                "sparks": {
+                    "children": {
+                        "spark_head": {"hosts": {"spark-1": hosts["spark-1"]}},
+                        "spark_workers": {"hosts": {"spark-2": hosts["spark-2"]}},
+                    }
+                }
+            },
+        }
+    }
+    (tmp_path / "hosts.yml").write_text(yaml.safe_dump(inventory))
+    play = [
+        {
+            "name": "Check memory as preflight does",
+            "hosts": "sparks",
+            "gather_facts": False,
+            "tasks": [
+                {
+                    "name": "Run the memory tasks of vllm_serve",
+                    "ansible.builtin.include_role": {
+                        "name": "dgx_spark.cluster.vllm_serve",
+                        "tasks_from": "memory",
+                    },
+                }
+            ],
+        }
+    ]
+    (tmp_path / "play.yml").write_text(yaml.safe_dump(play, sort_keys=False))
+    env = {
+        **os.environ,
+        "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
+        "ANSIBLE_STDOUT_CALLBACK": "ansible.posix.json",
+        "ANSIBLE_LOCALHOST_WARNING": "0",
+        "DOCKER_HOST": f"unix://{docker_api.server_address}",
+        "PATH": f"{stubs}:{BIN}:{os.environ.get('PATH', '')}",
+    }
+    command = [str(BIN / "ansible-playbook"), "-i", str(tmp_path / "hosts.yml")]
+    proc = subprocess.run(
+        [*command, str(tmp_path / "play.yml")],
+        cwd=ROOT, env=env, text=True, capture_output=True, check=False, timeout=300,
+    )  # fmt: skip
+    report = json.loads(proc.stdout)
+    # Role tasks are named "<role> : <name>".
+    tasks = report["plays"][0]["tasks"]
+    results = {task["task"]["name"].split(" : ", 1)[-1]: task["hosts"] for task in tasks}
+    return {"rc": proc.returncode, "out": proc.stdout + proc.stderr, "results": results}
+
+
+MEMORY = "Refuse a start that a node's memory cannot hold"
+CMA = "Refuse a Spark whose free CMA pageblocks lie outside every CMA area"
+
+
+def test_a_running_group_is_not_refused_for_the_memory_it_holds(tmp_path, docker_api):
+    samples = {"spark-1": "meminfo_spark_idle.txt", "spark-2": "meminfo_spark_llama_loaded.txt"}
+    got = run(tmp_path, docker_api, samples, running=["dgx-spark-vllm"])
+    assert got["rc"] == 0, got["out"]
+    assert got["results"][CMA]["spark-1"]["msg"] == [
+        "spark-1: CmaTotal 0 MiB, CmaFree 0 MiB",
+        "spark-2: a kernel without CMA",
+    ]
+    spark2 = got["results"][MEMORY]["spark-1"]["msg"][1]
+    assert spark2 == (
+        "spark-2: memory holds the start: total 121.69 GiB, available 75.12 GiB + 37.65 GiB "
+        "held by the running ranks (GPU processes 4242, freed by the restart), needed 105.35 GiB "
+        "(gpu_memory_utilization 0.8 x total + vllm_serve_memory_margin_gib 8)"
+    )
+
+
+def test_memory_that_another_program_holds_refuses_the_pair(tmp_path, docker_api):
+    samples = {"spark-1": "meminfo_spark_idle.txt", "spark-2": "meminfo_spark_llama_loaded.txt"}
+    got = run(tmp_path, docker_api, samples)
+    assert got["rc"] != 0
+    result = got["results"][MEMORY]["spark-1"]
+    assert result["failed"] is True
+    assert result["msg"] == [
+        "spark-2: memory cannot hold the start: total 121.69 GiB, available 75.12 GiB + 0.00 GiB "
+        "held by the running ranks, needed 105.35 GiB (gpu_memory_utilization 0.8 x total + "
+        "vllm_serve_memory_margin_gib 8). A start that does not fit hard-resets a GB10 host "
+        "(NV_ERR_NO_MEMORY), so nothing was stopped. Stop what else holds memory on this node, "
+        "or lower vllm_serve_gpu_memory_utilization (at most 0.55 fits now) or "
+        "vllm_serve_memory_margin_gib"
+    ]
+
+
+def test_kho_scratch_is_refused_before_the_memory_is_looked_at(tmp_path, docker_api):
+    samples = {"spark-1": "meminfo_spark_idle.txt", "spark-2": "meminfo_spark_kho_1019.txt"}
+    got = run(tmp_path, docker_api, samples)
+    assert got["rc"] != 0
+    (message,) = got["results"][CMA]["spark-1"]["msg"]
+    assert message.startswith("spark-2: CmaTotal 0 MiB, CmaFree 919 MiB: 919 MiB of free CMA")
+    assert "kho=off" in message
+    assert MEMORY not in got["results"]
+
+
+def test_settings_out_of_range_are_refused_by_name(tmp_path, docker_api):
+    samples = {"spark-1": "meminfo_spark_idle.txt", "spark-2": "meminfo_spark_idle.txt"}
+    got = run(tmp_path, docker_api, samples, vllm_serve_memory_margin_gib=100)
+    assert got["rc"] != 0
+    result = got["results"]["Refuse memory check settings out of range"]["spark-1"]
+    assert (
+        result["msg"]
+        == "vllm_serve_memory_margin_gib is 100; allowed: a number of GiB from 0 to 64"
+    )
+
+
+def test_the_simulated_pair_says_it_skipped(tmp_path, docker_api):
+    samples = {"spark-1": "meminfo_build_machine.txt", "spark-2": "meminfo_build_machine.txt"}
+    got = run(
+        tmp_path, docker_api, samples, spark_hardware=False, vllm_serve_gpu_memory_utilization=""
+    )
+    assert got["rc"] == 0, got["out"]
+    said = got["results"]["Say that the memory and CMA checks run on Sparks only"]["spark-1"]
+    assert said["msg"].startswith("hardware-only: skipped the memory check before the ranks start")
+    assert got["results"][MEMORY]["spark-1"].get("skipped") is True
