@@ -39,8 +39,8 @@ def short(image_id: str) -> str:
     """sha256:0123456789ab (the 12 hex digits Docker prints), or 'nothing'."""
     if not image_id:
         return "nothing"
-    algo, _, digits = image_id.partition(":")
-    return f"{algo}:{digits[:12]}" if digits else image_id[:19]
+    algo, colon, digits = image_id.partition(":")
+    return f"{algo}{colon}{digits[:12]}" if digits else image_id[:19]
 
 
 def snapshot(inspected: list[dict]) -> dict:
