@@ -12,7 +12,10 @@ is the RoCE device's own port (always 1 here) and the state is the netdev's carr
 ``name_links`` fills in the ``netdev`` and ``roce`` of every ``host_prep_cx7_links`` entry
 that leaves them to discovery (omitted or ``auto``): entry n takes twin n (domain order) of
 the cabled port. A name the inventory pins must be Up. Every refusal names the variable, the
-node, what ``ibdev2netdev`` showed and the fix, so preflight stops before any change.
+node, what ``ibdev2netdev`` showed and the fix, so preflight stops before any change. Where no
+RoCE device's netdev is named like a Spark's ConnectX-7 function (renamed interfaces, another
+host, the simulated pair's stand-in), no port can be found by name: the entries left to
+discovery stay ``auto`` for ``fast_link`` (the interface that carries ``spark_fast_ip``).
 
 Pure standard library, no I/O.
 """
@@ -82,7 +85,7 @@ def _no_cable(host: str, entries: list[dict], ports: dict[int, list[dict]]) -> s
 
 
 def _pinned_refusal(
-    where: str, kind: str, name: str, entry: dict | None, ports: dict[int, list[dict]]
+    where: str, kind: str, name: str, entry: dict | None, ports: dict, up: list[dict]
 ) -> str:
     """Why a name pinned in the inventory cannot be used (it is not Up), with the Up one."""
     state = f"shows {entry['state']}" if entry else "does not list"
@@ -101,7 +104,8 @@ def _pinned_refusal(
         )
     cabled = [t for twins in ports.values() for t in twins if t["state"] == UP]
     if not cabled:
-        return head
+        shown = ", ".join(_pair(e) for e in up) or "none"
+        return f"{head}; Up: {shown}. Set {kind} to an Up one"
     # The Up twin on the same PCIe domain is the one this entry was meant to be.
     domain = twin["domain"] if twin else 0
     same = [t for t in cabled if t["domain"] == domain] or cabled
@@ -113,21 +117,24 @@ def _pinned_refusal(
     )
 
 
-def _pin(index: int, link: dict, host: str, by_netdev: dict, by_roce: dict, ports: dict):
+def _pin(index: int, link: dict, host: str, entries: list[dict], ports: dict):
     """An entry that names its netdev or RoCE device: (the ibdev2netdev entry or None, errors)."""
     where = f"{host}: {VAR}[{index}]"
+    by_netdev = {e["netdev"]: e for e in entries}
+    by_roce = {e["roce"]: e for e in entries}
+    up = [e for e in entries if e["state"] == UP]
     netdev = str(link.get("netdev") or AUTO)
     roce = str(link.get("roce") or AUTO)
     chosen, errors = None, []
     if netdev != AUTO:
         chosen = by_netdev.get(netdev)
         if chosen is None or chosen["state"] != UP:
-            errors.append(_pinned_refusal(where, "netdev", netdev, chosen, ports))
+            errors.append(_pinned_refusal(where, "netdev", netdev, chosen, ports, up))
     if roce != AUTO:
         entry = by_roce.get(roce)
         refused_already = errors and entry is not None and entry is chosen
         if (entry is None or entry["state"] != UP) and not refused_already:
-            errors.append(_pinned_refusal(where, "roce", roce, entry, ports))
+            errors.append(_pinned_refusal(where, "roce", roce, entry, ports, up))
         elif chosen is None and netdev == AUTO:
             chosen = entry
     return chosen, errors
@@ -200,11 +207,9 @@ def name_links(links: object, text: str, host: str, rc: int = 0, error: str = ""
         return out
     ports = qsfp_ports(entries)
     out["ports"] = [p for p, twins in ports.items() if any(t["state"] == UP for t in twins)]
-    if not out["ports"]:
+    if not entries or (ports and not out["ports"]):
         out["errors"].append(_no_cable(host, entries, ports))
         return out
-    by_netdev = {e["netdev"]: e for e in entries}
-    by_roce = {e["roce"]: e for e in entries}
     chosen: dict[int, dict] = {}
     wanted = []
     for index, link in enumerate(links):
@@ -213,11 +218,13 @@ def name_links(links: object, text: str, host: str, rc: int = 0, error: str = ""
         if str(link.get("netdev") or AUTO) == AUTO and str(link.get("roce") or AUTO) == AUTO:
             wanted.append(index)
             continue
-        entry, errors = _pin(index, link, host, by_netdev, by_roce, ports)
+        entry, errors = _pin(index, link, host, entries, ports)
         out["errors"].extend(errors)
         if entry is not None:
             chosen[index] = entry
-    if wanted:
+    # RoCE devices not named like a Spark's ConnectX-7 functions (another host, or renamed
+    # netdevs): no port to find by name, so the entries left to discovery stay auto.
+    if wanted and ports:
         taken = {e["netdev"] for e in chosen.values()}
         twins, errors = _candidates(host, ports, taken, wanted)
         out["errors"].extend(errors)
@@ -228,6 +235,14 @@ def name_links(links: object, text: str, host: str, rc: int = 0, error: str = ""
             chosen[index] = twin
     out["links"] = [_named(link, chosen.get(i)) for i, link in enumerate(links)]
     if out["errors"]:
+        return out
+    if not ports:
+        up = ", ".join(_pair(e) for e in entries if e["state"] == UP) or "none"
+        out["message"] = (
+            f"{host}: ibdev2netdev names no ConnectX-7 function the Spark way (en...np<N>), so "
+            f"no QSFP port is found by name: {VAR} is used as given, auto being the interface "
+            f"that carries spark_fast_ip (Up: {up})"
+        )
         return out
     used = {e["netdev"] for e in chosen.values()}
     for port in out["ports"]:

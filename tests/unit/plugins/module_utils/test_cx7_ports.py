@@ -271,6 +271,29 @@ def test_other_rdma_devices_belong_to_no_port():
     assert "; other: ibp26s0 (mlx5_0) Down)" in cp.name_links(ADDRESSES, down, "h")["errors"][0]
 
 
+# What the simulated pair's stand-in ibdev2netdev prints (tests/sim/host_prep_standins/).
+STANDIN = "roce_eth0 port 1 ==> eth0 (Up)\nroce_eth1 port 1 ==> eth1 (Up)\n"
+
+
+def test_devices_not_named_like_a_spark_leave_auto_to_the_fast_ip():
+    links = [{"netdev": "auto", "address": "172.30.241.11/24"}]
+    got = cp.name_links(links, STANDIN, "spark-1")
+    assert got["errors"] == [] and got["warnings"] == [] and got["ports"] == []
+    assert got["links"] == links
+    assert got["message"] == (
+        "spark-1: ibdev2netdev names no ConnectX-7 function the Spark way (en...np<N>), so no "
+        "QSFP port is found by name: host_prep_cx7_links is used as given, auto being the "
+        "interface that carries spark_fast_ip (Up: eth0 (roce_eth0), eth1 (roce_eth1))"
+    )
+    pinned = cp.name_links([{"netdev": "eth0", "address": "172.30.241.11/24"}], STANDIN, "h")
+    assert pinned["errors"] == [] and pinned["links"][0]["roce"] == "roce_eth0"
+    down = cp.name_links([{"netdev": "eth2", "address": "172.30.241.11/24"}], STANDIN, "h")
+    assert down["errors"] == [
+        "h: host_prep_cx7_links[0].netdev is pinned to eth2, which ibdev2netdev does not list; "
+        "Up: eth0 (roce_eth0), eth1 (roce_eth1). Set netdev to an Up one"
+    ]
+
+
 def test_bad_entries_are_left_for_resolve_links():
     links = ["enp1s0f1np1", {"address": "198.51.100.11/24"}]
     got = named(links, "ibdev2netdev_port1.txt")
