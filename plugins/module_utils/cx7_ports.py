@@ -95,9 +95,9 @@ def _pinned_refusal(
         None,
     )
     if twin is not None and any(t["state"] == UP for t in ports[twin["qsfp"]]):
-        up = [t for t in ports[twin["qsfp"]] if t["state"] == UP]
+        alive = [t for t in ports[twin["qsfp"]] if t["state"] == UP]
         return (
-            f"{head}, while its twin {', '.join(_pair(t) for t in up)} on the same QSFP port "
+            f"{head}, while its twin {', '.join(_pair(t) for t in alive)} on the same QSFP port "
             f"{twin['qsfp']} is Up: the cable is in, but this PCIe half of the port has no "
             "carrier. Reseat the QSFP cable at both ends and reboot both Sparks if it stays "
             f"Down, or remove this entry from {VAR} (one twin carries about half the bandwidth)"
