@@ -7,10 +7,18 @@ from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
 from ansible_collections.dgx_spark.cluster.plugins.module_utils import (
+    cx7_ports,
     fast_link,
     link_checks,
     spark_platform,
 )
+
+
+def host_prep_cabled(links, ibdev2netdev, host="", rc=0, error=""):
+    """Name the links' netdev and RoCE device from the cabled port: {links, ports, errors, ...}."""
+    return cx7_ports.name_links(
+        links, str(ibdev2netdev or ""), str(host), int(rc or 0), str(error or "")
+    )
 
 
 def host_prep_links(links, host, facts, fast_ip, mgmt_ip="", mtu=9000):
@@ -115,6 +123,7 @@ def host_prep_platform(nvidia_smi, gpus, host="", kernel=""):
 class FilterModule:
     def filters(self):
         return {
+            "host_prep_cabled": host_prep_cabled,
             "host_prep_links": host_prep_links,
             "host_prep_nodes": host_prep_nodes,
             "host_prep_roce": host_prep_roce,

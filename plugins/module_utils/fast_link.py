@@ -5,7 +5,8 @@
 ``host_prep_cx7_links`` lists a node's ConnectX-7 twins: ``netdev`` (or ``auto``: the
 interface that carries ``spark_fast_ip`` now), ``roce`` (optional; the RoCE device that backs
 the netdev, from ``ibdev2netdev`` on hardware) and ``address`` (``IP/prefix``, one subnet per
-twin). This module
+twin). On a Spark, ``cx7_ports.name_links`` has already named every ``auto`` entry from the
+cabled QSFP port, so ``auto`` reaches this module only off hardware. This module
 
 * checks one node's list against its facts (``resolve_links``) and all nodes' lists against
   each other (``cross_check``), returning messages that name the variable and the node;

@@ -14,6 +14,7 @@ FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "host_prep"
 
 def test_all_filters_are_exported():
     assert set(hp.FilterModule().filters()) == {
+        "host_prep_cabled",
         "host_prep_links",
         "host_prep_nodes",
         "host_prep_roce",
@@ -71,6 +72,16 @@ def test_check_dispatches_and_turns_unreadable_output_into_a_failure():
     }
     with pytest.raises(AnsibleFilterError, match="unknown check 'speed'"):
         hp.host_prep_check("", "speed")
+
+
+def test_cabled_takes_the_registered_command_as_ansible_gives_it():
+    links = [{"address": "198.51.100.11/24"}]
+    text = (FIXTURES / "ibdev2netdev_port0.txt").read_text()
+    got = hp.host_prep_cabled(links, text, "spark-1", "0", None)
+    assert got["errors"] == []
+    assert got["links"][0]["netdev"] == "enp1s0f0np0"
+    failed = hp.host_prep_cabled(links, None, "spark-1", 255, "")
+    assert failed["errors"][0].startswith("spark-1: ibdev2netdev failed (rc 255)")
 
 
 def test_roce_with_unreadable_ibdev2netdev():
