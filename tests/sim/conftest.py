@@ -38,7 +38,8 @@ drills = _load("drills", ROOT / "benchmarks" / "drills.py")
 # and the teardown, which deploys again afterwards.
 MODULE_ORDER = (
     "test_pair", "test_vllm_registry_info", "test_image_inputs", "test_host_prep",
-    "test_firewall", "test_model_cache", "test_operate", "test_recovery", "test_serving",
+    "test_firewall", "test_model_cache", "test_operate", "test_recovery", "test_upgrade",
+    "test_serving",
     "test_rerun", "test_teardown",
 )  # fmt: skip
 
@@ -205,3 +206,54 @@ def deployed_pair(sim, nodes):
         print(f"\ndeploy.yml for the tests that need a serving pair: {run.seconds:.0f}s")
     assert _answers(nodes), "the pair does not serve after deploy.yml"
     return nodes
+
+
+def load_changed_image(nodes, source: str, target: str, labels: dict, env: list[str] = ()) -> str:
+    """Give every node one new image under ``target``: ``source``'s layers with other labels
+    (and environment), as a ``docker pull`` of a new release under the same tag would. The
+    image is a new configuration over layers every node already has, so its ID (the digest of
+    that configuration) is the same on every node and ``docker load`` reads no layer."""
+    import hashlib
+    import io
+    import tarfile
+
+    ssh = ["ssh", "-F", str(simctl.STATE / "ssh" / "config")]
+    attrs = json.loads(
+        subprocess.check_output([*ssh, nodes[0].name, "sudo", "docker", "image", "inspect", source])
+    )[0]
+    config = dict(attrs["Config"])
+    config["Labels"] = {**(config.get("Labels") or {}), **labels}
+    config["Env"] = [*(config.get("Env") or []), *env]
+    when = "2026-12-01T00:00:00Z"
+    image = {
+        "architecture": attrs["Architecture"],
+        "os": attrs["Os"],
+        "created": when,
+        "config": config,
+        "rootfs": {"type": "layers", "diff_ids": attrs["RootFS"]["Layers"]},
+        "history": [
+            {"created": when, "comment": "dgx_spark.cluster sim test: " + json.dumps(labels)}
+        ],
+    }
+    raw = json.dumps(image, sort_keys=True).encode()
+    digest = hashlib.sha256(raw).hexdigest()
+    layers = [f"{d.split(':', 1)[1]}/layer.tar" for d in attrs["RootFS"]["Layers"]]
+    manifest = json.dumps([{"Config": f"{digest}.json", "RepoTags": [target], "Layers": layers}])
+    archive = io.BytesIO()
+    with tarfile.open(fileobj=archive, mode="w") as tar:
+        for name, data in ((f"{digest}.json", raw), ("manifest.json", manifest.encode())):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    for node in nodes:
+        subprocess.run([*ssh, node.name, "sudo", "docker", "load"], input=archive.getvalue(),
+                       check=True, capture_output=True)  # fmt: skip
+    return f"sha256:{digest}"
+
+
+def node_image_id(node, ref: str) -> str:
+    """The ID behind ``ref`` on a node ('' when it has none)."""
+    ssh = ["ssh", "-F", str(simctl.STATE / "ssh" / "config"), node.name]
+    got = subprocess.run([*ssh, "sudo", "docker", "image", "inspect", "--format", "{{.Id}}", ref],
+                         capture_output=True, text=True, check=False)  # fmt: skip
+    return got.stdout.strip() if got.returncode == 0 else ""

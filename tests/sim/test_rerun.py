@@ -72,3 +72,47 @@ def test_a_partial_run_is_never_taken_for_in_step(in_step):
     assert check.rc == 0, check.failures() or check.raw[-3000:]
     assert report(check) == "Running the stages asked for.", report(check)
     assert "Describe and check the head's copy" in ran(check), sorted(ran(check))
+
+
+def test_drift_a_rerun_must_see_is_seen_and_repaired(in_step, hosts):
+    """Hand edits no container shows: a flushed firewall table, an edited comm.env, a
+    retagged serving alias and a weight file changed on the worker. The in-step check names
+    each, and the full run that follows repairs them and is in step again."""
+    head, worker = hosts["spark-1"], hosts["spark-2"]
+    alias = "dgx-spark/vllm-serving:current"
+    model = "/var/lib/dgx-spark/models/tiny-qwen3-moe"
+    shard = worker.check_output(f"sudo sh -c 'ls {model} | grep -m1 -E \"safetensors$|json$\"'")
+    good_alias = worker.check_output(f"sudo docker image inspect --format '{{{{.Id}}}}' {alias}")
+    good_shard = head.check_output(f"sudo sha256sum {model}/{shard}").split()[0]
+    good_env = head.check_output("sudo cat /etc/dgx-spark/comm.env")
+    good_table = worker.check_output("sudo nft -s list table inet dgx_spark")
+    assert "reject" in good_table, good_table
+
+    worker.check_output("sudo nft flush table inet dgx_spark")
+    head.check_output("sudo sh -c 'echo \"# edited by hand\" >> /etc/dgx-spark/comm.env'")
+    worker.check_output(f"sudo docker tag vllm-node:0.14.1-ray2.60.0 {alias}")
+    worker.check_output(f"sudo sh -c 'printf x >> {model}/{shard}'")
+
+    check = run_playbook("playbooks/in_step.yml")
+    said = report(check)
+    for line in (
+        "spark-2: nftables table inet dgx_spark: differs since the last full deploy",
+        "spark-1: /etc/dgx-spark/comm.env: edited since the last full deploy",
+        f"spark-2: {alias} is sha256:",
+        f"spark-2: /var/lib/dgx-spark/models: tiny-qwen3-moe/{shard} changed",
+    ):
+        assert line in said, said
+    assert f"but dgx-spark-ray runs {good_alias[:19]}" in said, said
+
+    repair = run_playbook("deploy.yml")
+    assert repair.rc == 0, repair.failures() or repair.raw[-3000:]
+    assert worker.check_output("sudo nft -s list table inet dgx_spark") == good_table
+    assert head.check_output("sudo cat /etc/dgx-spark/comm.env") == good_env
+    assert worker.check_output(f"sudo docker image inspect --format '{{{{.Id}}}}' {alias}") == (
+        good_alias
+    )
+    assert worker.check_output(f"sudo sha256sum {model}/{shard}").split()[0] == good_shard
+    again = run_playbook("deploy.yml")
+    assert report(again).startswith("In step"), report(again)
+    assert again.changed() == {"localhost": 0, "spark-1": 0, "spark-2": 0}
+    print(f"\ndrift: seen in {check.seconds:.1f}s, repaired by deploy.yml in {repair.seconds:.0f}s")

@@ -1,0 +1,171 @@
+"""Upgrading vLLM on the running pair: a new donor under the same tag (as `docker pull` of a
+new release gives), `playbooks/images.yml`, then `deploy.yml`. The images stage touches
+nothing that serves; the rerun sees the new images and moves every rank (the Ray containers
+and the driver) to the new one together; a new image that does not serve is rolled back as a
+whole. The module leaves the pair serving on the inventory's own donor again.
+"""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+import time
+
+import pytest
+import yaml
+from conftest import ROOT, load_changed_image, node_image_id, run_playbook, simctl
+from test_serving import KEY, Client, complete, vllm_start_seconds
+
+CLUSTER = yaml.safe_load((ROOT / "inventories/sim/group_vars/all/cluster.yml").read_text())
+DONOR = CLUSTER["hybrid_image_donor"]
+ALIAS = "dgx-spark/vllm-serving:current"
+PREVIOUS = "dgx-spark/vllm-serving:previous"
+RANKS = ("dgx-spark-ray", "dgx-spark-vllm")
+
+
+def ssh(node, *argv: str, check: bool = True) -> subprocess.CompletedProcess:
+    """sudo ARGV on a node; the remote shell sees each argument quoted."""
+    cmd = [
+        "ssh",
+        "-F",
+        str(simctl.STATE / "ssh" / "config"),
+        node.name,
+        shlex.join(["sudo", *argv]),
+    ]
+    return subprocess.run(cmd, capture_output=True, text=True, check=check)
+
+
+def short(image_id: str) -> str:
+    return image_id[:19]
+
+
+def containers(node) -> dict[str, dict]:
+    """The running rank-holding containers of a node: image, ID, start."""
+    out = {}
+    for name in RANKS:
+        form = "{{.Image}} {{.Id}} {{.State.StartedAt}} {{.State.Running}}"
+        got = ssh(node, "docker", "inspect", "--format", form, name, check=False)
+        if got.returncode == 0:
+            image, cid, started, running = got.stdout.split()
+            if running == "true":
+                out[name] = {"image": image, "id": cid, "started": started}
+    return out
+
+
+def in_step_report(run) -> str:
+    said = [r.get("msg", "") for name, _h, r in run.results() if name == "Report it"]
+    assert said, run.raw[-3000:]
+    return said[0] if isinstance(said[0], str) else "\n".join(said[0])
+
+
+def serving_tags(node) -> set[str]:
+    return set(
+        ssh(
+            node, "docker", "image", "ls", "--format", "{{.Tag}}", "dgx-spark/vllm-serving"
+        ).stdout.split()
+    )
+
+
+@pytest.fixture(scope="module")
+def upgrade(deployed_pair, nodes):
+    """The inventory's donor on every node, before and after the module: afterwards the donor
+    tag names it again, deploy.yml moves the pair back, and the test's images go."""
+    donor = {n.name: node_image_id(n, DONOR) for n in nodes}
+    tags = {n.name: serving_tags(n) for n in nodes}
+    yield donor
+    for node in nodes:
+        ssh(node, "docker", "tag", donor[node.name], DONOR)
+    run = run_playbook("deploy.yml")
+    assert run.rc == 0, run.failures() or run.raw[-3000:]
+    assert complete(nodes, KEY)
+    for node in nodes:
+        for tag in sorted(serving_tags(node) - tags[node.name] - {"previous"}):
+            ssh(node, "docker", "image", "rm", f"dgx-spark/vllm-serving:{tag}")
+        ssh(node, "docker", "image", "prune", "--force", "--filter", "label=dgxsim.test.donor")
+
+
+def test_an_image_rebuild_reaches_every_rank(upgrade, nodes):
+    before = {n.name: containers(n) for n in nodes}
+    assert "dgx-spark-vllm" in before["spark-1"] and "dgx-spark-ray" in before["spark-2"], before
+    alias_before = {n.name: node_image_id(n, ALIAS) for n in nodes}
+    new_donor = load_changed_image(nodes, DONOR, DONOR, {"dgxsim.test.donor": "upgrade"})
+
+    # 1. The images stage rebuilds, and nothing that serves notices.
+    with Client(nodes, [KEY]) as client:
+        time.sleep(2)
+        images = run_playbook("playbooks/images.yml")
+        time.sleep(2)
+    assert images.rc == 0, images.failures() or images.raw[-3000:]
+    assert client.failed == 0, client.failed
+    assert {n.name: containers(n) for n in nodes} == before
+    alias = {n.name: node_image_id(n, ALIAS) for n in nodes}
+    assert all(alias[n] != alias_before[n] for n in alias), (alias, alias_before)
+
+    # 2. What the rerun and the status see: the new donor, and ranks on the old image.
+    check = run_playbook("playbooks/in_step.yml")
+    said = in_step_report(check)
+    for node in nodes:
+        assert f"{node.name}: {DONOR} is {short(new_donor)}" in said, said
+        for name in before[node.name]:
+            assert (
+                f"{node.name}: {ALIAS} is {short(alias[node.name])} but {name} runs "
+                f"{short(before[node.name][name]['image'])}" in said
+            ), said
+    status = run_playbook("playbooks/status.yml")
+    assert status.rc != 0
+    assert "the ranks are not on one image" in status.messages(), status.messages()
+
+    # 3. deploy.yml moves every rank to the new image, in one restart of the group.
+    with Client(nodes, [KEY]) as client:
+        time.sleep(2)
+        run = run_playbook("deploy.yml")
+        time.sleep(3)
+    assert run.rc == 0, run.failures() or run.raw[-3000:]
+    for node in nodes:
+        now = containers(node)
+        assert set(now) == set(before[node.name]), now
+        assert {c["image"] for c in now.values()} == {alias[node.name]}, (node.name, now)
+    assert "keeps" in run.messages() and "the serving stage" in run.messages()
+    start = vllm_start_seconds(run)
+    gap = client.longest_gap()
+    again = run_playbook("deploy.yml")
+    assert again.rc == 0, again.failures() or again.raw[-3000:]
+    assert set(again.changed().values()) == {0}, again.changed()
+    print(
+        f"\nupgrade: images.yml {images.seconds:.0f}s with 0 failed requests; deploy.yml "
+        f"{run.seconds:.0f}s, downtime {gap:.0f}s (vLLM start {start:.0f}s, "
+        f"{client.failed} failed requests); rerun {again.seconds:.1f}s"
+    )
+    assert gap <= start + 30, (gap, start)
+
+
+def test_a_new_image_that_does_not_serve_is_rolled_back_as_a_whole(upgrade, nodes):
+    serving = {n.name: node_image_id(n, ALIAS) for n in nodes}
+    # The donor's vLLM imports, parses the command line and lists its models; only its
+    # engine fails to start: it loads no platform plugin (VLLM_PLUGINS names none it has), so
+    # the CPU platform it falls back to has no Ray resource for the ranks.
+    load_changed_image(nodes, DONOR, DONOR, {"dgxsim.test.donor": "no-engine"},
+                       ["VLLM_PLUGINS=dgxsim-test-no-such-plugin"])  # fmt: skip
+    images = run_playbook("playbooks/images.yml")
+    assert images.rc == 0, images.failures() or images.raw[-3000:]
+    broken = {n.name: node_image_id(n, ALIAS) for n in nodes}
+    assert all(broken[n] != serving[n] for n in broken)
+
+    with Client(nodes, [KEY]) as client:
+        time.sleep(2)
+        run = run_playbook("deploy.yml")
+        time.sleep(3)
+    assert run.rc != 0
+    message = "\n".join(run.failures())
+    assert f"did not serve on {ALIAS} ({short(broken['spark-1'])})" in message, message
+    assert "does not support ray" in message or "Error" in message, message
+    assert f"Rolled back: the previous containers serve again on {PREVIOUS}" in message, message
+    for node in nodes:
+        now = containers(node)
+        assert now and {c["image"] for c in now.values()} == {serving[node.name]}, (node.name, now)
+        assert node_image_id(node, PREVIOUS) == serving[node.name]
+    assert complete(nodes, KEY)
+    print(
+        f"\nrollback: deploy.yml {run.seconds:.0f}s, downtime {client.longest_gap():.0f}s, "
+        f"{client.failed} failed requests"
+    )
