@@ -12,6 +12,11 @@ version_added: "0.1.0"
 description:
   - One SHA-256 over the names and contents of every file under C(roles/), C(plugins/) and
     C(playbooks/) of the installed collection, and its C(deploy.yml).
+  - The rule, so that anyone can recompute it. Take those files' paths relative to the
+    collection's root, with C(/) between folders, leaving out C(__pycache__) folders and
+    C(.pyc) files; in the sorted order of those paths, feed each path in UTF-8, one NUL byte
+    and the 32-byte SHA-256 of the file's contents into one SHA-256; the digest is its
+    hexadecimal form.
   - C(deploy.yml) puts it in the fingerprint of a full run, so that a changed collection (an
     upgrade, a local edit) is never mistaken for a pair already in step.
 author:

@@ -9,7 +9,8 @@ One parser and one decision per check that host_prep runs on real Sparks:
 * ``ib_write_bw --report_gbits``: RDMA write bandwidth of one RoCE device;
 * nccl-tests ``all_gather_perf`` and this collection's ``nccl_allgather_busbw.py``: the
   all_gather bus bandwidth, reported as a percentage of 25 GB/s (200 Gb/s);
-* ``NCCL_DEBUG=INFO`` output: the network transport NCCL chose (``NET/IB`` or ``NET/Socket``).
+* ``NCCL_DEBUG=INFO`` output: the network transport NCCL chose (``NET/IB`` or ``NET/Socket``)
+  and the RoCE devices it used, compared with the twins that comm.env's NCCL_IB_HCA names.
 
 Every ``check_*`` function returns a plain dict with ``passed`` (bool) and ``message`` (one
 line a user can act on) plus what was measured, so Ansible can print and assert it.
@@ -282,76 +283,174 @@ def check_ib_write_bw(text: str, min_gbps: float = DEFAULT_MIN_RDMA_GBPS) -> dic
 
 
 # --------------------------------------------------------------------------- NCCL_DEBUG
+# Line formats (NCCL src/transport/net_ib/init.cc and src/transport/net.cc):
+#   <host>:<pid>:<tid> [<dev>] NCCL INFO NET/IB : Using [0]rocep1s0f1:1/RoCE [1]... [RO]; OOB ...
+#   ... NCCL INFO NET/IB : Made virtual device [0] name=rocep1s0f1 speed=200000 ndevs=1
+#   ... NCCL INFO Channel 00/0 : 0[0] -> 1[0] [send] via NET/IB/0[/GDRDMA]
+# The number after the network's name is the index of a (virtual) device of that process.
+# A net plugin names the network itself: the HPC-X plugin's IB is "IBext", "IBext_v8", ...
 
-_NCCL_IB_USING = re.compile(r"NET/IB : Using (.*)")
-_NCCL_IB_DEVICE = re.compile(r"\[\d+\]([^\s:\[\]]+):(\d+)/(RoCE|IB)")
+_NCCL_PROCESS = re.compile(r"(\S+):(\d+):\d+ \[\d+\] NCCL INFO ")
+_NCCL_IB_USING = re.compile(r"NET/IB : Using(.*)")
+_NCCL_IB_DEVICE = re.compile(r"\[(\d+)\]([^\s:\[\]]+):(\d+)(?::[^/\s]*)?/(\w+)")
+_NCCL_IB_VDEV = re.compile(r"NET/IB : Made virtual device \[(\d+)\] name=(\S+)")
 _NCCL_SOCKET_USING = re.compile(r"NET/Socket : Using (.*)")
 _NCCL_SOCKET_IFACE = re.compile(r"\[\d+\]([^\s:\[\]]+):")
 _NCCL_NETWORK = re.compile(r"Using network (\S+)")
+_NCCL_NET_CHANNEL = re.compile(r"\bvia NET/(.+?)/(\d+)")
 _NCCL_CHANNEL = re.compile(r"\bvia (\S+)")
 
 
+def _net_name(name: str) -> str:
+    """NCCL's network name -> ``IB`` for the IB verbs transport (built in or a plugin's)."""
+    return "IB" if name.startswith("IB") else name
+
+
 def _transport_kind(path: str) -> str:
-    """``NET/IB/0/GDRDMA`` -> ``NET/IB``; ``P2P/IPC/read`` -> ``P2P``; ``SHM/direct`` -> ``SHM``."""
+    """``P2P/IPC/read`` -> ``P2P``; ``SHM/direct`` -> ``SHM``; ``COLLNET/x`` -> ``COLLNET/x``."""
     parts = path.split("/")
-    if parts[0] in ("NET", "COLLNET") and len(parts) > 1:
-        return f"{parts[0]}/{parts[1]}"
+    if parts[0] == "COLLNET" and len(parts) > 1:
+        return f"COLLNET/{parts[1]}"
     return parts[0]
 
 
-def nccl_transport(log: str) -> dict:
-    """What NCCL_DEBUG=INFO output says about the transport NCCL used.
+def _add(items: list, item) -> None:
+    if item not in items:
+        items.append(item)
 
-    ``transport`` is ``Socket`` when any channel ran over NET/Socket (or NCCL chose the Socket
-    network), else ``IB`` when channels ran over NET/IB (or NCCL chose IB), else the
-    intra-node transport seen (``P2P``, ``SHM``, ``NVLS``), else ``unknown``.
+
+def nccl_transport(log: str) -> dict:
+    """What NCCL_DEBUG=INFO output says about the transport and the devices NCCL used.
+
+    ``transport``: from the channels when the log has them (``Socket`` when any channel ran
+    over NET/Socket, else ``IB`` when any ran over NET/IB, else the most used intra-node
+    transport: ``P2P``, ``SHM``, ...), else from the network NCCL chose (``Using network``),
+    else ``Socket`` when only NET/Socket listed interfaces, else ``unknown``.
+    ``ib_devices``: the devices NET/IB opened (``name:port``; a virtual device's name when the
+    log lists no ``Using`` line). ``channel_devices``: the devices that carried NET/IB
+    channels, resolved per process from the channel's device index.
     """
     ib_devices: list[str] = []
     socket_ifaces: list[str] = []
     networks: list[str] = []
     channels: dict[str, int] = {}
+    channel_devices: list[str] = []
     gdr = False
+    # Per process (host:pid): NCCL's device index -> names, and the indexes NET/IB channels used.
+    devices: dict[str, dict[int, list[str]]] = {}
+    used: dict[str, list[int]] = {}
     for line in log.splitlines():
         if "NCCL" not in line and "via " not in line and "NET/" not in line:
             continue
+        proc = _NCCL_PROCESS.search(line)
+        key = f"{proc.group(1)}:{proc.group(2)}" if proc else "?"
+        table = devices.setdefault(key, {})
         m = _NCCL_IB_USING.search(line)
         if m:
-            for dev, port, _kind in _NCCL_IB_DEVICE.findall(m.group(1)):
-                name = f"{dev}:{port}"
-                if name not in ib_devices:
-                    ib_devices.append(name)
+            for index, dev, port, _link in _NCCL_IB_DEVICE.findall(m.group(1)):
+                table.setdefault(int(index), [dev])
+                _add(ib_devices, f"{dev}:{port}")
+        m = _NCCL_IB_VDEV.search(line)
+        if m:
+            table[int(m.group(1))] = m.group(2).split("+")
         m = _NCCL_SOCKET_USING.search(line)
         if m:
             for iface in _NCCL_SOCKET_IFACE.findall(m.group(1)):
-                if iface not in socket_ifaces:
-                    socket_ifaces.append(iface)
+                _add(socket_ifaces, iface)
         m = _NCCL_NETWORK.search(line)
-        if m and m.group(1) not in networks:
-            networks.append(m.group(1))
-        if "Channel" in line:
+        if m:
+            _add(networks, m.group(1))
+        if "Channel" not in line:
+            continue
+        m = _NCCL_NET_CHANNEL.search(line)
+        if m:
+            kind = f"NET/{_net_name(m.group(1))}"
+            if kind == "NET/IB":
+                used.setdefault(key, []).append(int(m.group(2)))
+            gdr = gdr or "/GDRDMA" in line[m.end() :]
+        else:
             m = _NCCL_CHANNEL.search(line)
-            if m:
-                kind = _transport_kind(m.group(1))
-                channels[kind] = channels.get(kind, 0) + 1
-                gdr = gdr or "GDRDMA" in m.group(1)
-    if channels.get("NET/Socket") or "Socket" in networks:
+            if not m:
+                continue
+            kind = _transport_kind(m.group(1))
+        channels[kind] = channels.get(kind, 0) + 1
+    named = {dev.split(":")[0] for dev in ib_devices}
+    for table in devices.values():
+        for names in table.values():
+            for name in names:
+                if name not in named:
+                    named.add(name)
+                    ib_devices.append(name)
+    for key, indexes in used.items():
+        for index in indexes:
+            for name in devices.get(key, {}).get(index, [f"device {index}"]):
+                _add(channel_devices, name)
+    nets = [_net_name(n) for n in networks]
+    if channels:
+        if channels.get("NET/Socket"):
+            transport = "Socket"
+        elif channels.get("NET/IB"):
+            transport = "IB"
+        else:
+            transport = max(sorted(channels), key=lambda k: channels[k])
+    elif "Socket" in nets:
         transport = "Socket"
-    elif channels.get("NET/IB") or "IB" in networks:
+    elif "IB" in nets:
         transport = "IB"
     elif socket_ifaces and not ib_devices:
         transport = "Socket"
-    elif channels:
-        transport = max(sorted(channels), key=lambda k: channels[k])
     else:
         transport = "unknown"
     return {
         "transport": transport,
         "ib_devices": ib_devices,
+        "channel_devices": channel_devices,
         "socket_ifaces": socket_ifaces,
         "networks": networks,
         "channels": channels,
         "gdr": gdr,
     }
+
+
+def configured_hcas(value: str | None) -> list[str]:
+    """The device names of an NCCL_IB_HCA value (``rocep1s0f1,roceP2p1s0f1`` or with ports
+    ``=rocep1s0f1:1``); ``^`` (exclude) names none NCCL will use: []."""
+    text = (value or "").strip()
+    if text.startswith("^"):
+        return []
+    return [item.split(":")[0].strip() for item in text.lstrip("=").split(",") if item.strip()]
+
+
+def nccl_device_mismatch(transport: dict, ib_hca: str | None) -> str:
+    """Why the devices and transport NCCL used are not the configured twins ('' when they are).
+
+    The twins are ``ib_hca`` (the NCCL_IB_HCA that comm.env holds). NCCL must have run NET/IB
+    on exactly those devices: every twin carried channels (when the log shows channels) and
+    NCCL opened no other device.
+    """
+    names = configured_hcas(ib_hca)
+    named = ", ".join(names) if names else f"no device ({ib_hca or 'unset'})"
+    kind = transport.get("transport", "unknown")
+    if kind == "Socket":
+        ifaces = ", ".join(transport.get("socket_ifaces") or []) or "a socket"
+        return (
+            f"NCCL used NET/Socket over {ifaces}, but NCCL_IB_HCA in comm.env names {named} "
+            "over NET/IB: check NCCL_IB_DISABLE and /dev/infiniband in the container"
+        )
+    if kind != "IB":
+        return (
+            f"NCCL_DEBUG=INFO output shows no NET/IB transport (saw {kind}), but NCCL_IB_HCA "
+            f"in comm.env names {named}: the run cannot prove RDMA"
+        )
+    opened = [dev.split(":")[0] for dev in transport.get("ib_devices") or []]
+    carried = list(transport.get("channel_devices") or [])
+    shown = carried or opened
+    idle = [name for name in names if name not in shown]
+    extra = [name for name in opened + carried if name not in names]
+    if names and not idle and not extra:
+        return ""
+    used = ", ".join(shown) or "no device"
+    return f"NCCL used NET/IB on {used}, but NCCL_IB_HCA in comm.env names {named}"
 
 
 # --------------------------------------------------------------------------- all_gather
@@ -407,18 +506,21 @@ def parse_all_gather_perf(text: str) -> dict:
 
 
 def parse_busbw_json(text: str) -> dict:
-    """The last JSON line that ``nccl_allgather_busbw.py`` printed (``check: nccl_all_gather``)."""
+    """The last object that ``nccl_allgather_busbw.py`` printed (``check: nccl_all_gather``);
+    the objects of ranks that share a stdout may share a line."""
     found = None
+    decoder = json.JSONDecoder()
     for line in text.splitlines():
         s = line.strip()
-        if not s.startswith("{"):
-            continue
-        try:
-            data = json.loads(s)
-        except ValueError:
-            continue
-        if isinstance(data, dict) and data.get("check") == "nccl_all_gather":
-            found = data
+        # Ranks of one host share a stdout: their objects can land on one line.
+        while s.startswith("{"):
+            try:
+                data, end = decoder.raw_decode(s)
+            except ValueError:
+                break
+            if isinstance(data, dict) and data.get("check") == "nccl_all_gather":
+                found = data
+            s = s[end:].lstrip()
     if found is None:
         raise CheckOutputError('no JSON line with "check": "nccl_all_gather" in the output')
     if not isinstance(found.get("busbw_gbps"), (int, float)):
@@ -432,11 +534,22 @@ def decide_nccl(
     min_busbw_gbps: float = DEFAULT_MIN_BUSBW_GBPS,
     reference_gbps: float = REFERENCE_BUSBW_GBPS,
     require_ib: bool = True,
+    ib_hca: str | None = None,
+    extra_reasons: list[str] | None = None,
 ) -> dict:
-    """Pass when busbw >= min and (when ``require_ib``) NCCL used NET/IB and never NET/Socket."""
+    """Pass when busbw >= min and (when ``require_ib``) NCCL used NET/IB and never NET/Socket.
+
+    With ``ib_hca`` (the NCCL_IB_HCA of comm.env) the devices NCCL used must be those twins,
+    exactly (``nccl_device_mismatch``). ``extra_reasons`` (wrong values, a failed run) fail it
+    too.
+    """
     reasons = []
     kind = transport.get("transport", "unknown")
-    if require_ib and kind == "Socket":
+    if require_ib and ib_hca is not None:
+        mismatch = nccl_device_mismatch(transport, ib_hca)
+        if mismatch:
+            reasons.append(mismatch)
+    elif require_ib and kind == "Socket":
         ifaces = ", ".join(transport.get("socket_ifaces") or []) or "a socket"
         reasons.append(
             f"NCCL used the socket transport (NET/Socket over {ifaces}) instead of IB: "
@@ -457,7 +570,8 @@ def decide_nccl(
                 f"busbw {busbw_gbps:.2f} GB/s is below host_prep_nccl_min_busbw_gbps "
                 f"({min_busbw_gbps:g})"
             )
-    devices = ", ".join(transport.get("ib_devices") or [])
+    reasons.extend(extra_reasons or [])
+    devices = ", ".join(transport.get("channel_devices") or transport.get("ib_devices") or [])
     over = f"NET/IB ({devices})" if kind == "IB" and devices else f"{kind} transport"
     measured = (
         f"all_gather busbw {busbw_gbps:.2f} GB/s = {percent}% of {reference_gbps:g} GB/s"
@@ -470,7 +584,7 @@ def decide_nccl(
         "nccl", passed, message,
         busbw_gbps=busbw_gbps, percent_of_reference=percent, reference_gbps=reference_gbps,
         min_busbw_gbps=min_busbw_gbps, transport=kind, ib_devices=transport.get("ib_devices", []),
-        reasons=reasons,
+        channel_devices=transport.get("channel_devices", []), reasons=reasons,
     )  # fmt: skip
 
 
@@ -479,12 +593,13 @@ def check_all_gather_perf(
     min_busbw_gbps: float = DEFAULT_MIN_BUSBW_GBPS,
     reference_gbps: float = REFERENCE_BUSBW_GBPS,
     require_ib: bool = True,
+    ib_hca: str | None = None,
 ) -> dict:
     """Decide on an ``all_gather_perf`` run whose output includes NCCL_DEBUG=INFO lines.
 
-    The bus bandwidth judged is the ``Avg bus bandwidth`` line (what NVIDIA's script checks;
-    with one buffer size it is the mean of out-of-place and in-place), else the mean of the rows.
-    Any ``#wrong`` value or NCCL failure fails the check.
+    The bus bandwidth judged is the ``Avg bus bandwidth`` line (what NVIDIA's script checks:
+    the mean over every size and both places), else the mean of the rows. Any ``#wrong``
+    value or NCCL failure fails the check; so do devices other than ``ib_hca``'s twins.
     """
     parsed = parse_all_gather_perf(text)
     busbw = parsed["avg_busbw_gbps"]
@@ -496,7 +611,6 @@ def check_all_gather_perf(
             if v is not None
         ]
         busbw = sum(values) / len(values) if values else None
-    result = decide_nccl(busbw, nccl_transport(text), min_busbw_gbps, reference_gbps, require_ib)
     extra = []
     if parsed["wrong"]:
         extra.append(f"{parsed['wrong']} wrong values (data corruption)")
@@ -504,11 +618,9 @@ def check_all_gather_perf(
         extra.append(parsed["failure"])
     if not parsed["rows"]:
         extra.append("no result rows")
-    if extra:
-        result["passed"] = False
-        result["reasons"] = result["reasons"] + extra
-        head = result["message"].split(": pass")[0].split(": FAIL")[0]
-        result["message"] = f"{head}: FAIL: " + "; ".join(result["reasons"])
+    result = decide_nccl(
+        busbw, nccl_transport(text), min_busbw_gbps, reference_gbps, require_ib, ib_hca, extra
+    )
     result["rows"] = parsed["rows"]
     return result
 
@@ -518,13 +630,27 @@ def check_busbw_json(
     min_busbw_gbps: float = DEFAULT_MIN_BUSBW_GBPS,
     reference_gbps: float = REFERENCE_BUSBW_GBPS,
     require_ib: bool = True,
+    ib_hca: str | None = None,
 ) -> dict:
-    """Decide on the JSON line of ``nccl_allgather_busbw.py`` (which carries its transport)."""
+    """Decide on the JSON line of ``nccl_allgather_busbw.py`` (which carries its transport).
+
+    The transport is every rank's (``nccl``); the devices compared with ``ib_hca`` are the
+    line's own rank's (``nccl_local``, when the script wrote it): each node's comm.env names
+    its own twins.
+    """
     data = parse_busbw_json(text)
-    transport = data.get("nccl") or {"transport": data.get("transport", "unknown")}
+    transport = dict(data.get("nccl") or {"transport": data.get("transport", "unknown")})
+    local = data.get("nccl_local")
+    if isinstance(local, dict):
+        for key in ("ib_devices", "channel_devices"):
+            transport[key] = list(local.get(key) or [])
+    extra = []
+    if data.get("wrong"):
+        extra.append(f"{data['wrong']} wrong values after all_gather (data corruption)")
     result = decide_nccl(
-        float(data["busbw_gbps"]), transport, min_busbw_gbps, reference_gbps, require_ib
-    )
+        float(data["busbw_gbps"]), transport, min_busbw_gbps, reference_gbps, require_ib,
+        ib_hca, extra,
+    )  # fmt: skip
     result["measurement"] = data
     return result
 

@@ -343,8 +343,10 @@ def render(report: dict) -> list[str]:
                                   f"{_number(metrics.get('generation_tokens_per_s'))} tok/s "
                                   f"(over {_number(metrics.get('interval_s'), ' s')})"],
         ["tokens since start", f"prompt {_number(metrics.get('prompt_tokens'), digits=0)}, "
-                               f"generated {_number(metrics.get('generation_tokens'), digits=0)}, "
-                               f"requests {_number(metrics.get('requests_finished'))}"],
+                               f"generated {_number(metrics.get('generation_tokens'), digits=0)}"],
+        ["requests since start", f"{_number(metrics.get('requests_finished'))} finished, "
+                                 f"{_number(metrics.get('requests_aborted'))} aborted, "
+                                 f"{_number(metrics.get('requests_errored'))} errored"],
         ["Ray", ray_text],
         ["watchdog", _watchdog_text(cluster.get("watchdogs") or {})],
         [cluster.get("image") or "image", images],

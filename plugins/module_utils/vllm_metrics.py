@@ -29,9 +29,13 @@ GAUGES = {
 COUNTERS = {
     "prompt_tokens": "vllm:prompt_tokens_total",
     "generation_tokens": "vllm:generation_tokens_total",
-    "requests_finished": "vllm:request_success_total",
     "preemptions": "vllm:num_preemptions_total",
 }
+# vLLM counts every request that left the engine in request_success_total, by finished_reason:
+# stop, length and repetition ended as asked; abort (the client went away or the server gave
+# up on it) and error did not, and are counted apart.
+REQUESTS = "vllm:request_success_total"
+REQUESTS_NOT_FINISHED = {"abort": "requests_aborted", "error": "requests_errored"}
 
 
 class MetricsError(ValueError):
@@ -69,19 +73,42 @@ def _total(samples, name: str, model: str | None) -> float | None:
     return sum(v for v in values if not math.isnan(v))
 
 
+def requests_by_reason(samples, model: str | None = None) -> dict[str, int] | None:
+    """Requests that left the engine since it started, by ``finished_reason`` (summed over
+    engines); None when vLLM exports no ``request_success_total``."""
+    counts: dict[str, int] = {}
+    for name, labels, value in samples:
+        if name != REQUESTS or (model is not None and labels.get("model_name", model) != model):
+            continue
+        if math.isnan(value):
+            continue
+        reason = labels.get("finished_reason", "")
+        counts[reason] = counts.get(reason, 0) + int(value)
+    return counts or None
+
+
 def summarize(text: str, model: str | None = None) -> dict:
     """The gauges and counters that matter, None where vLLM does not export one.
 
     ``kv_cache_usage`` stays vLLM's fraction (0..1); ``kv_cache_usage_pct`` is the same in
-    percent, rounded for display.
+    percent, rounded for display. ``requests_finished`` counts the requests that ended as
+    asked (stop, length, ...); ``requests_aborted`` and ``requests_errored`` the ones that did
+    not; ``requests_by_reason`` has vLLM's own split.
     """
     samples = parse_samples(text)
     result: dict = {}
     for key, name in {**GAUGES, **COUNTERS}.items():
         result[key] = _total(samples, name, model)
-    for key in ("running", "waiting", "requests_finished", "preemptions"):
+    for key in ("running", "waiting", "preemptions"):
         if result[key] is not None:
             result[key] = int(result[key])
+    by_reason = requests_by_reason(samples, model)
+    result["requests_by_reason"] = by_reason
+    for key in ("requests_finished", *REQUESTS_NOT_FINISHED.values()):
+        result[key] = None if by_reason is None else 0
+    for reason, count in (by_reason or {}).items():
+        key = REQUESTS_NOT_FINISHED.get(reason, "requests_finished")
+        result[key] += count
     usage = result["kv_cache_usage"]
     result["kv_cache_usage_pct"] = None if usage is None else round(usage * 100, 1)
     return result

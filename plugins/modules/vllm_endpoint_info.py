@@ -101,6 +101,9 @@ metrics:
       C(kv_cache_usage_pct)), prompt and generation token counters since start and their
       rates over C(interval_s) (C(prompt_tokens_per_s), C(generation_tokens_per_s); the
       completion's own tokens excluded).
+    - Requests since start by how they ended, C(requests_finished) (stop, length),
+      C(requests_aborted) and C(requests_errored), and vLLM's own split by C(finished_reason)
+      in C(requests_by_reason).
     - Empty with C(error) set when C(/metrics) could not be read.
   returned: always
   type: dict

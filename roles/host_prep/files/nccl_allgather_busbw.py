@@ -22,8 +22,10 @@ Transport: unless NCCL_DEBUG is already set, NCCL_DEBUG=INFO with NCCL_DEBUG_SUB
 goes to a per-rank file that this script reads back through ``link_checks.nccl_transport``
 (plugins/module_utils/link_checks.py of the collection; the role copies it next to this file,
 and from a checkout it is found by path). Rank 0 prints the JSON line (every rank with
-``--all-ranks``); ``--check`` exits 1 when the decision fails (busbw below ``--min-busbw`` or,
-across hosts, a transport other than NET/IB).
+``--all-ranks``): ``nccl`` holds every rank's transport, ``nccl_local`` this rank's own record
+(the devices its NCCL opened and ran channels on). ``--check`` exits 1 when the decision fails:
+busbw below ``--min-busbw`` or, where NET/IB is required, a transport other than NET/IB or
+devices other than the ones NCCL_IB_HCA names.
 """
 
 from __future__ import annotations
@@ -170,6 +172,7 @@ def gloo_transport() -> dict:
     return {
         "transport": "gloo",
         "ib_devices": [],
+        "channel_devices": [],
         "socket_ifaces": [],
         "networks": [],
         "channels": {},
@@ -178,15 +181,16 @@ def gloo_transport() -> dict:
 
 
 def merge_rank_transports(transport: dict, gathered: list[dict]) -> tuple[list, list, dict]:
-    """Hosts, each rank's transport, and this rank's record with every rank's IB devices."""
+    """Hosts, each rank's transport, and this rank's record with every rank's devices."""
     hosts = sorted({g["host"] for g in gathered})
     per_rank = [g["transport"]["transport"] for g in gathered]
     merged = dict(transport)
     merged["transport"] = combine_transports(per_rank)
-    for g in gathered:
-        for dev in g["transport"]["ib_devices"]:
-            if dev not in merged["ib_devices"]:
-                merged["ib_devices"] = merged["ib_devices"] + [dev]
+    for key in ("ib_devices", "channel_devices"):
+        for g in gathered:
+            for dev in g["transport"].get(key) or []:
+                if dev not in merged.get(key, []):
+                    merged[key] = merged.get(key, []) + [dev]
     return hosts, per_rank, merged
 
 
@@ -203,20 +207,22 @@ def needs_ib(mode: str, hosts: list, backend: str) -> bool:
     return len(hosts) > 1 if mode == "auto" else mode == "yes"
 
 
-def decide(checks, args, busbw: float, merged: dict, require_ib: bool, wrong: int) -> dict:
-    """link_checks' decision on the bandwidth and transport, failed by any wrong value."""
-    decision = checks.decide_nccl(
+def decide(checks, args, busbw: float, run: dict, require_ib: bool, ib_hca: str | None) -> dict:
+    """link_checks' decision on the bandwidth, every rank's transport and this rank's devices
+    (against ``ib_hca``, the NCCL_IB_HCA the rank was given), failed by any wrong value."""
+    transport = dict(run["merged"])
+    for key in ("ib_devices", "channel_devices"):
+        transport[key] = list(run["local"].get(key) or [])
+    wrong = run["wrong"]
+    return checks.decide_nccl(
         busbw,
-        merged,
+        transport,
         args.min_busbw if args.min_busbw is not None else checks.DEFAULT_MIN_BUSBW_GBPS,
         args.reference if args.reference is not None else checks.REFERENCE_BUSBW_GBPS,
         require_ib=require_ib,
+        ib_hca=ib_hca,
+        extra_reasons=[f"{wrong} wrong values after all_gather (data corruption)"] if wrong else [],
     )
-    if wrong:
-        decision["passed"] = False
-        decision["reasons"].append(f"{wrong} wrong values after all_gather (data corruption)")
-        decision["message"] += f"; FAIL: {wrong} wrong values"
-    return decision
 
 
 def report_line(args, run: dict, decision: dict, versions: dict, environ) -> dict:
@@ -241,6 +247,7 @@ def report_line(args, run: dict, decision: dict, versions: dict, environ) -> dic
         "transport": merged["transport"],
         "transports_by_rank": run["per_rank"],
         "nccl": merged,
+        "nccl_local": run["local"],
         "nccl_version": versions["nccl"],
         "torch": versions["torch"],
         "env": {k: environ[k] for k in _ENV_SHOWN if k in environ},
@@ -353,10 +360,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     gathered: list = [None] * world
     dist.all_gather_object(gathered, {"host": socket.gethostname(), "transport": transport})
+    run["local"] = transport
     run["hosts"], run["per_rank"], run["merged"] = merge_rank_transports(transport, gathered)
     run["algbw"], run["busbw"] = bandwidths(size, run["elapsed"], world)
     require_ib = needs_ib(args.require_ib, run["hosts"], backend)
-    decision = decide(checks, args, run["busbw"], run["merged"], require_ib, run["wrong"])
+    ib_hca = os.environ.get("NCCL_IB_HCA") if backend == "nccl" else None
+    decision = decide(checks, args, run["busbw"], run, require_ib, ib_hca)
     versions = {"nccl": nccl_version(torch, backend), "torch": torch.__version__}
     line = report_line(args, run, decision, versions, os.environ)
     if rank == 0 or args.all_ranks:

@@ -10,8 +10,10 @@ from pathlib import Path
 import jinja2
 import pytest
 import yaml
+from support.captures import tool_output
 
 ROLE = Path(__file__).resolve().parents[3] / "roles" / "host_prep"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "host_prep"
 
 
 def _render(name: str, **context) -> str:
@@ -110,15 +112,15 @@ def test_script_takes_at_most_half_the_free_memory(script):
 
 
 def test_script_merges_every_ranks_transport(script):
-    mine = {"transport": "IB", "ib_devices": ["rocep1s0f1"], "socket_ifaces": []}
-    gathered = [
-        {"host": "spark-1", "transport": mine},
-        {"host": "spark-2", "transport": {"transport": "IB", "ib_devices": ["roceP2p1s0f1"]}},
-    ]
+    mine = {"transport": "IB", "ib_devices": ["rocep1s0f1:1"], "channel_devices": ["rocep1s0f1"]}
+    other = {"transport": "IB", "ib_devices": ["roceP2p1s0f1:1"],
+             "channel_devices": ["roceP2p1s0f1"]}  # fmt: skip
+    gathered = [{"host": "spark-1", "transport": mine}, {"host": "spark-2", "transport": other}]
     hosts, per_rank, merged = script.merge_rank_transports(mine, gathered)
     assert (hosts, per_rank) == (["spark-1", "spark-2"], ["IB", "IB"])
-    assert merged["ib_devices"] == ["rocep1s0f1", "roceP2p1s0f1"]
-    assert mine["ib_devices"] == ["rocep1s0f1"]  # the rank's own record is left as it was
+    assert merged["ib_devices"] == ["rocep1s0f1:1", "roceP2p1s0f1:1"]
+    assert merged["channel_devices"] == ["rocep1s0f1", "roceP2p1s0f1"]
+    assert mine["ib_devices"] == ["rocep1s0f1:1"]  # the rank's own record is left as it was
 
 
 @pytest.mark.parametrize(
@@ -135,17 +137,44 @@ def test_script_requires_ib_across_hosts(script, mode, hosts, backend, expected)
     assert script.needs_ib(mode, hosts, backend) is expected
 
 
+def _spark_rank(checks, rank_host: str) -> dict:
+    """This rank's transport record, read from one Spark's lines of a published NCCL log
+    (tests/unit/fixtures/host_prep/all_gather_perf_spark_ib.txt)."""
+    log = tool_output(FIXTURES / "all_gather_perf_spark_ib.txt")
+    return checks.nccl_transport(
+        "\n".join(line for line in log.splitlines() if line.startswith(rank_host))
+    )
+
+
 def test_script_bandwidths_and_decision(script):
     algbw, busbw = script.bandwidths(4 << 30, 0.1, 2)
     assert (round(algbw, 3), round(busbw, 3)) == (42.95, 21.475)
     args = script.arguments(["--size", "4G"])
     checks = script.load_link_checks()
-    transport = {"transport": "IB", "ib_devices": ["rocep1s0f1"]}
-    assert script.decide(checks, args, 24.0, transport, True, 0)["passed"] is True
-    decision = script.decide(checks, args, 24.0, transport, True, 3)
+    local = _spark_rank(checks, "spark-4440")
+    run = {"merged": dict(local), "local": local, "wrong": 0}
+    hca = "rocep1s0f1,roceP2p1s0f1"
+    assert script.decide(checks, args, 24.0, run, True, hca)["passed"] is True
+    decision = script.decide(checks, args, 24.0, {**run, "wrong": 3}, True, hca)
     assert decision["passed"] is False
     assert decision["reasons"] == ["3 wrong values after all_gather (data corruption)"]
-    assert decision["message"].endswith("; FAIL: 3 wrong values")
+    assert decision["message"].endswith(": FAIL: 3 wrong values after all_gather (data corruption)")
+
+
+def test_script_decides_on_its_own_ranks_devices(script):
+    checks = script.load_link_checks()
+    args = script.arguments(["--size", "4G"])
+    local = _spark_rank(checks, "spark-4440")
+    # Every rank's transport is IB; the other rank (as if) ran its channels on rocep1s0f0.
+    merged = {**local, "ib_devices": local["ib_devices"] + ["rocep1s0f0:1"]}
+    run = {"merged": merged, "local": local, "wrong": 0}
+    assert script.decide(checks, args, 24.0, run, True, "rocep1s0f1,roceP2p1s0f1")["passed"]
+    decision = script.decide(checks, args, 24.0, run, True, "roce_eth0")
+    assert decision["reasons"] == [
+        "NCCL used NET/IB on rocep1s0f1, roceP2p1s0f1, but NCCL_IB_HCA in comm.env names roce_eth0"
+    ]
+    # No NCCL_IB_HCA in the container: the transport alone decides, as before.
+    assert script.decide(checks, args, 24.0, run, True, None)["passed"]
 
 
 def test_script_report_line(script):
@@ -157,8 +186,10 @@ def test_script_report_line(script):
     decision = {"passed": False, "message": "m", "reasons": ["r"], "percent_of_reference": 1.7}
     environ = {"NCCL_IB_DISABLE": "1", "HOME": "/root"}
     versions = {"nccl": None, "torch": "2.13.0"}
+    run["local"] = merged
     line = script.report_line(args, run, decision, versions, environ)
     assert line["time_us"] == 1234.6 and line["busbw_gbps"] == 0.425
+    assert line["nccl_local"] == merged
     assert line["env"] == {"NCCL_IB_DISABLE": "1"}
     assert line["decision"] == {"passed": False, "message": "m", "reasons": ["r"]}
     assert (line["iters"], line["warmup"]) == (2, 5)

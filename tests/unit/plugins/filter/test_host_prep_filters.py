@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from ansible.errors import AnsibleFilterError
 from ansible_collections.dgx_spark.cluster.plugins.filter import host_prep as hp
+from support.captures import tool_output
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "host_prep"
 
@@ -61,7 +62,7 @@ def test_nodes_gives_errors_hosts_names_and_peers():
 
 
 def test_check_dispatches_and_turns_unreadable_output_into_a_failure():
-    ok = hp.host_prep_check((FIXTURES / "ethtool_200g_up.txt").read_text(), "link", 200000)
+    ok = hp.host_prep_check(tool_output(FIXTURES / "ethtool_spark_200g_speed.txt"), "link", 200000)
     assert ok["passed"]
     bad = hp.host_prep_check("bash: ethtool: command not found", "link", 200000)
     assert bad == {
@@ -82,6 +83,22 @@ def test_cabled_takes_the_registered_command_as_ansible_gives_it():
     assert got["links"][0]["netdev"] == "enp1s0f0np0"
     failed = hp.host_prep_cabled(links, None, "spark-1", 255, "")
     assert failed["errors"][0].startswith("spark-1: ibdev2netdev failed (rc 255)")
+
+
+@pytest.mark.parametrize(
+    ("hca", "passed"),
+    [("rocep1s0f1,roceP2p1s0f1", True), ("roce_eth0", False)],
+)
+def test_check_compares_nccls_devices_with_comm_env_as_the_role_calls_it(hca, passed):
+    # verify_nccl_nccl_tests.yml: host_prep_check('all_gather_perf', min, reference, ib_hca=...)
+    log = tool_output(FIXTURES / "all_gather_perf_spark_ib.txt")
+    result = hp.host_prep_check(log, "all_gather_perf", 21.875, 25.0, ib_hca=hca)
+    assert result["passed"] is passed
+    if not passed:
+        assert result["reasons"] == [
+            "NCCL used NET/IB on rocep1s0f1, roceP2p1s0f1, but NCCL_IB_HCA in comm.env "
+            "names roce_eth0"
+        ]
 
 
 def test_roce_with_unreadable_ibdev2netdev():

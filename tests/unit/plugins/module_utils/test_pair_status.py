@@ -140,6 +140,27 @@ def test_render_has_a_cluster_table_and_a_line_per_node(answers):
     assert "running" in node_lines[0]
 
 
+def _row(lines, name):
+    (line,) = [line for line in lines if line.strip().startswith(name)]
+    return line.strip()[len(name) :].strip()
+
+
+def test_render_shows_aborted_and_errored_requests_apart(answers):
+    # The captured answers predate the split: vllm_endpoint_info gave requests_finished only.
+    assert _row(pair_status.render(_report(answers)), "requests since start") == (
+        "4 finished, - aborted, - errored"
+    )
+    assert _row(pair_status.render(_report(answers)), "tokens since start") == (
+        "prompt 27, generated 11"
+    )
+    endpoint = copy.deepcopy(answers["endpoint"])
+    endpoint["metrics"].update(
+        {"requests_finished": 41, "requests_aborted": 3, "requests_errored": 2}
+    )
+    lines = pair_status.render(_report(answers, endpoint=endpoint))
+    assert _row(lines, "requests since start") == "41 finished, 3 aborted, 2 errored"
+
+
 @pytest.mark.parametrize(
     ("value", "seconds"),
     [("2026-11-30T07:59:00.123456789Z", 59), ("2026-11-30T06:00:00Z", 7200)],

@@ -1,5 +1,6 @@
-"""Tests for plugins/module_utils/spark_platform.py on captured nvidia-smi output
-(tests/unit/fixtures/host_prep/nvidia_smi_*.txt, described in its README)."""
+"""Tests for plugins/module_utils/spark_platform.py on nvidia-smi output captured on an H200
+machine or published from DGX Sparks (tests/unit/fixtures/host_prep/nvidia_smi_*.txt, described
+in its README)."""
 
 from __future__ import annotations
 
@@ -7,12 +8,13 @@ from pathlib import Path
 
 import pytest
 from ansible_collections.dgx_spark.cluster.plugins.module_utils import spark_platform as sp
+from support.captures import tool_output
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "host_prep"
 
 
 def fixture(name: str) -> str:
-    return (FIXTURES / name).read_text()
+    return tool_output(FIXTURES / name)
 
 
 def test_parse_gb10():
@@ -26,7 +28,6 @@ def test_parse_gb10():
     ("name", "expected", "passed", "words"),
     [
         ("nvidia_smi_gb10.txt", 1, True, "spark-1: 1 x NVIDIA GB10, driver 580.173.02"),
-        ("nvidia_smi_gb10_580_142.txt", 1, True, "driver 580.142"),
         ("nvidia_smi_gb10.txt", 2, False, "1 GPUs, spark_gpus says 2"),
         ("nvidia_smi_h200x2.txt", 2, False, "2 x NVIDIA H200, driver 580.159.04: not a GB10"),
         ("nvidia_smi_h200x2.txt", 1, False, "2 GPUs, spark_gpus says 1"),
@@ -42,7 +43,8 @@ def test_check_gpus(name, expected, passed, words):
     ("text", "words"),
     [
         ("", "nvidia-smi lists no GPU"),
-        ("name, driver_version\nNVIDIA GB10, 580.142\n", "a CSV header"),
+        (fixture("nvidia_smi_gb10_header.txt"), "a CSV header"),
+        (fixture("nvidia_smi_h200x2_header.txt"), "a CSV header"),
         (
             "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.",
             "NVIDIA-SMI has failed",

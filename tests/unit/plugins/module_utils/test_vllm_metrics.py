@@ -15,23 +15,70 @@ def _summary(name, model="tiny-qwen3-moe"):
 
 
 def test_idle_server():
-    summary = _summary("metrics_vllm_0.32_idle.txt")
-    assert summary["running"] == 0
-    assert summary["waiting"] == 0
-    assert summary["kv_cache_usage"] == 0.0
-    assert summary["kv_cache_usage_pct"] == 0.0
-    assert summary["prompt_tokens"] == 0.0
-    assert summary["generation_tokens"] == 0.0
-    assert summary["requests_finished"] == 0
+    assert _summary("metrics_vllm_0.32_idle.txt") == {
+        "running": 0,
+        "waiting": 0,
+        "kv_cache_usage": 0.0,
+        "kv_cache_usage_pct": 0.0,
+        "prompt_tokens": 0.0,
+        "generation_tokens": 0.0,
+        "preemptions": 0,
+        "requests_finished": 0,
+        "requests_aborted": 0,
+        "requests_errored": 0,
+        "requests_by_reason": {"stop": 0, "length": 0, "abort": 0, "error": 0, "repetition": 0},
+    }
 
 
 def test_server_after_a_benchmark():
-    summary = _summary("metrics_vllm_0.32_after_bench.txt")
-    assert summary["prompt_tokens"] > 0
-    assert summary["generation_tokens"] > 0
-    assert summary["requests_finished"] > 0
-    # Every finished request generated at least one token.
-    assert summary["generation_tokens"] >= summary["requests_finished"]
+    # 46 requests of the sim's sweep, each cut at its max_tokens (length), none aborted.
+    assert _summary("metrics_vllm_0.32_after_bench.txt") == {
+        "running": 0,
+        "waiting": 0,
+        "kv_cache_usage": 0.0,
+        "kv_cache_usage_pct": 0.0,
+        "prompt_tokens": 3145.0,
+        "generation_tokens": 796.0,
+        "preemptions": 0,
+        "requests_finished": 46,
+        "requests_aborted": 0,
+        "requests_errored": 0,
+        "requests_by_reason": {"stop": 0, "length": 46, "abort": 0, "error": 0, "repetition": 0},
+    }
+
+
+def test_aborted_and_errored_requests_are_not_counted_as_finished():
+    # No capture has an aborted or failed request: the benchmark's /metrics with 3 of its
+    # length samples moved to abort and 2 to error, as vLLM would count them.
+    text = (FIXTURES / "metrics_vllm_0.32_after_bench.txt").read_text()
+    text = text.replace(
+        'finished_reason="length",model_name="tiny-qwen3-moe"} 46.0',
+        'finished_reason="length",model_name="tiny-qwen3-moe"} 41.0',
+    )
+    for reason, count in (("abort", 3), ("error", 2)):
+        text = text.replace(
+            f'request_success_total{{engine="0",finished_reason="{reason}",'
+            'model_name="tiny-qwen3-moe"} 0.0',
+            f'request_success_total{{engine="0",finished_reason="{reason}",'
+            f'model_name="tiny-qwen3-moe"}} {count}.0',
+        )
+    summary = vllm_metrics.summarize(text, "tiny-qwen3-moe")
+    assert (summary["requests_finished"], summary["requests_aborted"],
+            summary["requests_errored"]) == (41, 3, 2)  # fmt: skip
+    assert summary["requests_by_reason"]["abort"] == 3
+
+
+def test_requests_of_two_engines_add_up_and_an_unlabelled_one_finished():
+    text = (
+        'vllm:request_success_total{engine="0",finished_reason="stop",model_name="m"} 5.0\n'
+        'vllm:request_success_total{engine="1",finished_reason="stop",model_name="m"} 7.0\n'
+        'vllm:request_success_total{engine="1",finished_reason="abort",model_name="m"} 1.0\n'
+        'vllm:request_success_total{model_name="m"} 2.0\n'
+    )
+    summary = vllm_metrics.summarize(text, "m")
+    assert summary["requests_by_reason"] == {"stop": 12, "abort": 1, "": 2}
+    assert (summary["requests_finished"], summary["requests_aborted"],
+            summary["requests_errored"]) == (14, 1, 0)  # fmt: skip
 
 
 def test_throughput_between_two_scrapes_excludes_the_probe():
@@ -40,20 +87,23 @@ def test_throughput_between_two_scrapes_excludes_the_probe():
     rates = vllm_metrics.throughput(
         idle, loaded, 10.0, {"prompt_tokens": 2, "completion_tokens": 1}
     )
-    assert rates["prompt_tokens_per_s"] == pytest.approx(
-        (loaded["prompt_tokens"] - 2) / 10, abs=0.01
-    )
-    assert rates["generation_tokens_per_s"] == pytest.approx(
-        (loaded["generation_tokens"] - 1) / 10, abs=0.01
-    )
+    # (3145 - 2) / 10 and (796 - 1) / 10
+    assert rates == {"prompt_tokens_per_s": 314.3, "generation_tokens_per_s": 79.5,
+                     "interval_s": 10.0}  # fmt: skip
     # A counter that went down is a restarted server: no rate.
-    assert vllm_metrics.throughput(loaded, idle, 10.0)["generation_tokens_per_s"] == 0.0
+    assert vllm_metrics.throughput(loaded, idle, 10.0) == {
+        "prompt_tokens_per_s": 0.0,
+        "generation_tokens_per_s": 0.0,
+        "interval_s": 10.0,
+    }
 
 
 def test_other_model_and_missing_metrics():
     assert _summary("metrics_vllm_0.32_idle.txt", model="another")["running"] is None
     summary = vllm_metrics.summarize("# HELP x y\nprocess_open_fds 12.0\n")
     assert summary["running"] is None and summary["kv_cache_usage_pct"] is None
+    assert summary["requests_finished"] is None and summary["requests_by_reason"] is None
+    assert summary["requests_aborted"] is None and summary["requests_errored"] is None
     rates = vllm_metrics.throughput(summary, summary, 1.0)
     assert rates["prompt_tokens_per_s"] is None
 
