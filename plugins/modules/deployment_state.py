@@ -214,7 +214,8 @@ def main() -> None:
         containers = snapshot(inspect_all(client, params["label"]))
         images = image_ids(client, params["images"])
         serving = params["serving_image"]
-        serving_id = image_ids(client, [serving])[serving] if serving else ""
+        # The alias is usually among the images read already.
+        serving_id = images[serving] if serving in images else image_ids(client, [serving])[serving]
     except docker.errors.DockerException as exc:
         module.fail_json(msg=f"cannot ask the Docker engine: {exc}")
     now = {

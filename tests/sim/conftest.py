@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -208,6 +209,19 @@ def deployed_pair(sim, nodes):
     return nodes
 
 
+def on_node(node, *argv: str, check: bool = True, data: bytes | None = None):
+    """sudo ARGV on a node over the sim's SSH; the remote shell sees each argument quoted.
+    With ``data``, it is the command's standard input and the output stays bytes."""
+    cmd = [
+        "ssh",
+        "-F",
+        str(simctl.STATE / "ssh" / "config"),
+        node.name,
+        shlex.join(["sudo", *argv]),
+    ]
+    return subprocess.run(cmd, input=data, capture_output=True, text=data is None, check=check)
+
+
 def load_changed_image(nodes, source: str, target: str, labels: dict, env: list[str] = ()) -> str:
     """Give every node one new image under ``target``: ``source``'s layers with other labels
     (and environment), as a ``docker pull`` of a new release under the same tag would. The
@@ -217,10 +231,7 @@ def load_changed_image(nodes, source: str, target: str, labels: dict, env: list[
     import io
     import tarfile
 
-    ssh = ["ssh", "-F", str(simctl.STATE / "ssh" / "config")]
-    attrs = json.loads(
-        subprocess.check_output([*ssh, nodes[0].name, "sudo", "docker", "image", "inspect", source])
-    )[0]
+    attrs = json.loads(on_node(nodes[0], "docker", "image", "inspect", source).stdout)[0]
     config = dict(attrs["Config"])
     config["Labels"] = {**(config.get("Labels") or {}), **labels}
     config["Env"] = [*(config.get("Env") or []), *env]
@@ -246,14 +257,11 @@ def load_changed_image(nodes, source: str, target: str, labels: dict, env: list[
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
     for node in nodes:
-        subprocess.run([*ssh, node.name, "sudo", "docker", "load"], input=archive.getvalue(),
-                       check=True, capture_output=True)  # fmt: skip
+        on_node(node, "docker", "load", data=archive.getvalue())
     return f"sha256:{digest}"
 
 
 def node_image_id(node, ref: str) -> str:
     """The ID behind ``ref`` on a node ('' when it has none)."""
-    ssh = ["ssh", "-F", str(simctl.STATE / "ssh" / "config"), node.name]
-    got = subprocess.run([*ssh, "sudo", "docker", "image", "inspect", "--format", "{{.Id}}", ref],
-                         capture_output=True, text=True, check=False)  # fmt: skip
+    got = on_node(node, "docker", "image", "inspect", "--format", "{{.Id}}", ref, check=False)
     return got.stdout.strip() if got.returncode == 0 else ""

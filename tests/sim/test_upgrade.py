@@ -7,13 +7,11 @@ whole. The module leaves the pair serving on the inventory's own donor again.
 
 from __future__ import annotations
 
-import shlex
-import subprocess
 import time
 
 import pytest
 import yaml
-from conftest import ROOT, load_changed_image, node_image_id, run_playbook, simctl
+from conftest import ROOT, load_changed_image, node_image_id, on_node, run_playbook
 from test_serving import KEY, Client, complete, vllm_start_seconds
 
 CLUSTER = yaml.safe_load((ROOT / "inventories/sim/group_vars/all/cluster.yml").read_text())
@@ -21,18 +19,6 @@ DONOR = CLUSTER["hybrid_image_donor"]
 ALIAS = "dgx-spark/vllm-serving:current"
 PREVIOUS = "dgx-spark/vllm-serving:previous"
 RANKS = ("dgx-spark-ray", "dgx-spark-vllm")
-
-
-def ssh(node, *argv: str, check: bool = True) -> subprocess.CompletedProcess:
-    """sudo ARGV on a node; the remote shell sees each argument quoted."""
-    cmd = [
-        "ssh",
-        "-F",
-        str(simctl.STATE / "ssh" / "config"),
-        node.name,
-        shlex.join(["sudo", *argv]),
-    ]
-    return subprocess.run(cmd, capture_output=True, text=True, check=check)
 
 
 def short(image_id: str) -> str:
@@ -44,7 +30,7 @@ def containers(node) -> dict[str, dict]:
     out = {}
     for name in RANKS:
         form = "{{.Image}} {{.Id}} {{.State.StartedAt}} {{.State.Running}}"
-        got = ssh(node, "docker", "inspect", "--format", form, name, check=False)
+        got = on_node(node, "docker", "inspect", "--format", form, name, check=False)
         if got.returncode == 0:
             image, cid, started, running = got.stdout.split()
             if running == "true":
@@ -60,7 +46,7 @@ def in_step_report(run) -> str:
 
 def serving_tags(node) -> set[str]:
     return set(
-        ssh(
+        on_node(
             node, "docker", "image", "ls", "--format", "{{.Tag}}", "dgx-spark/vllm-serving"
         ).stdout.split()
     )
@@ -74,14 +60,14 @@ def upgrade(deployed_pair, nodes):
     tags = {n.name: serving_tags(n) for n in nodes}
     yield donor
     for node in nodes:
-        ssh(node, "docker", "tag", donor[node.name], DONOR)
+        on_node(node, "docker", "tag", donor[node.name], DONOR)
     run = run_playbook("deploy.yml")
     assert run.rc == 0, run.failures() or run.raw[-3000:]
     assert complete(nodes, KEY)
     for node in nodes:
         for tag in sorted(serving_tags(node) - tags[node.name] - {"previous"}):
-            ssh(node, "docker", "image", "rm", f"dgx-spark/vllm-serving:{tag}")
-        ssh(node, "docker", "image", "prune", "--force", "--filter", "label=dgxsim.test.donor")
+            on_node(node, "docker", "image", "rm", f"dgx-spark/vllm-serving:{tag}")
+        on_node(node, "docker", "image", "prune", "--force", "--filter", "label=dgxsim.test.donor")
 
 
 def test_an_image_rebuild_reaches_every_rank(upgrade, nodes):
