@@ -156,8 +156,13 @@ def scripted(script: dict, hf_tokenizer) -> list[tuple[str, str, str]]:
     for chat in script["chats"]:
         thinking = chat.get("enable_thinking", True)
         tools = [script["tools"][name] for name in chat.get("tools", [])] or None
+        # The API sends a tool call's arguments as JSON text; vLLM gives templates a mapping.
+        messages = json.loads(json.dumps(chat["messages"]))
+        for message in messages:
+            for call in message.get("tool_calls", []):
+                call["function"]["arguments"] = json.loads(call["function"]["arguments"])
         prompt = hf_tokenizer.apply_chat_template(
-            chat["messages"], tools=tools, add_generation_prompt=True, tokenize=False,
+            messages, tools=tools, add_generation_prompt=True, tokenize=False,
             enable_thinking=thinking,
         )  # fmt: skip
         texts.append((prompt, reply_text(chat["reply"], thinking), "<|im_end|>"))

@@ -15,9 +15,9 @@ INVENTORIES = ROOT / "inventories"
 # What reaches the serving command, the ranks' environment and the weights.
 SERVING = re.compile(r"^(vllm_serve_|model_cache_)|^spark_rank_env$")
 
-# Forced by the CPU build of vLLM (SIM.md, "A real vLLM without a GPU").
+# Forced by the CPU build of vLLM (the README's "The simulated pair" says more).
 CPU_FORCED = {
-    "vllm_serve_served_model_name": "Qwen3.5 cannot import without torchvision; Qwen3-MoE stands in",
+    "vllm_serve_served_model_name": "Qwen3.5 needs torchvision, absent there: Qwen3-MoE stands in",
     "vllm_serve_max_model_len": "the stand-in model knows 2048 positions",
     "vllm_serve_extra_args": "--enforce-eager: no C++ compiler in the image for torch.compile",
     "spark_rank_env": "VLLM_CPU_KVCACHE_SPACE and TORCHDYNAMO_DISABLE; no CUDA allocator",
