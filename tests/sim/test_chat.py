@@ -117,6 +117,21 @@ def test_a_chat_offering_a_tool_gets_a_parsed_call(client):
     assert not (message.content or "").strip()
 
 
+def test_a_streamed_tool_call_adds_up_to_the_same_call(client):
+    want = CHATS["weather"]["reply"]["tool_calls"][0]
+    names, arguments, finish = [], "", None
+    for chunk in ask(client, "weather", stream=True):
+        if not chunk.choices:
+            continue
+        for call in chunk.choices[0].delta.tool_calls or []:
+            names += [call.function.name] if call.function.name else []
+            arguments += call.function.arguments or ""
+        finish = chunk.choices[0].finish_reason or finish
+    assert names == [want["name"]]
+    assert json.loads(arguments) == want["arguments"]
+    assert finish == "tool_calls"
+
+
 def test_the_tools_result_comes_back_as_an_answer(client):
     chat = CHATS["weather, the tool's result"]
     message = ask(client, chat["name"]).choices[0].message
