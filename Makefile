@@ -68,7 +68,8 @@ test: bootstrap
 demo: bootstrap
 	$(MAKE) sim-up
 	$(BIN)/ansible-playbook -i inventories/sim deploy.yml
-	@echo "Note: the simulated pair serves a tiny model with random weights (--load-format dummy), so the completion above is noise: it proves the path through both nodes, not a model."
+	@echo "Note: the simulated pair serves a tiny model trained at sim-up on a few scripted conversations: its answers below are known ones, proving the path through both nodes, the chat template and the parsers, not a model's knowledge."
+	$(PY) sim/chat.py
 
 teardown: venv
 	$(BIN)/ansible-playbook -i inventories/sim playbooks/teardown.yml

@@ -379,22 +379,55 @@ def build_fixtures() -> None:
     )
 
 
-def make_tiny_model() -> None:
-    script = SIM / "models" / "make_tiny_model.py"
+@dataclass
+class ModelJob:
+    """The tiny model being trained in a container of the donor image."""
+
+    proc: subprocess.Popen
+    inputs: str
+    started: float
+
+
+def tiny_model_inputs() -> str:
+    """The generator, its template and scripted conversations, and the donor image's inputs
+    (its torch trains the weights)."""
+    donor = image_label(DONOR_IMAGE) or image_id(DONOR_IMAGE) or ""
+    return digest(SIM / "models", donor)
+
+
+def start_tiny_model() -> ModelJob | None:
+    """Train and write the tiny model in the background (one core for seconds, while the
+    images load into the nodes); None when the one in .sim is up to date."""
+    inputs = tiny_model_inputs()
     stamp = TINY_MODEL / ".inputs"
-    inputs = digest(script, image_id(DONOR_IMAGE) or "")
     if stamp.exists() and stamp.read_text() == inputs:
         log(f"tiny model: up to date in {TINY_MODEL.relative_to(ROOT)}")
-        return
+        return None
     shutil.rmtree(TINY_MODEL, ignore_errors=True)
     TINY_MODEL.parent.mkdir(parents=True, exist_ok=True)
-    docker(
-        "run", "--rm", "--label", f"{LABEL}=job", "--network", "none",
-        "-v", f"{TINY_MODEL.parent}:/out", "-v", f"{script}:/make_tiny_model.py:ro",
-        "--entrypoint", "python", DONOR_IMAGE, "/make_tiny_model.py", f"/out/{TINY_MODEL.name}",
-    )  # fmt: skip
-    stamp.write_text(inputs)
-    log(f"tiny model: written to {TINY_MODEL.relative_to(ROOT)}")
+    log("tiny model: training its weights in the donor image")
+    cmd = [
+        DOCKER, "run", "--rm", "--label", f"{LABEL}=job", "--network", "none",
+        "--user", f"{os.getuid()}:{os.getgid()}", "-e", "HOME=/tmp",
+        "-v", f"{TINY_MODEL.parent}:/out", "-v", f"{SIM / 'models'}:/models:ro",
+        "--entrypoint", "python", DONOR_IMAGE, "/models/make_tiny_model.py",
+        f"/out/{TINY_MODEL.name}",
+    ]  # fmt: skip
+    proc = subprocess.Popen(cmd, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    return ModelJob(proc, inputs, time.monotonic())
+
+
+def finish_tiny_model(job: ModelJob | None) -> None:
+    if job is None:
+        return
+    output, _ = job.proc.communicate()
+    if job.proc.returncode != 0:
+        raise SimError(f"making the tiny model failed:\n{output[-4000:]}")
+    (TINY_MODEL / ".inputs").write_text(job.inputs)
+    log(
+        f"tiny model: weights trained and written to {TINY_MODEL.relative_to(ROOT)} "
+        f"in {time.monotonic() - job.started:.0f}s"
+    )
 
 
 # ---------------------------------------------------------------- pair
@@ -591,13 +624,14 @@ def up() -> None:
     for node in nodes:
         ensure_node(node, node_image)
     build_fixtures()
+    model = start_tiny_model()
     for node in nodes:
         wait_ready(node)
         authorize(node, key.with_suffix(".pub"))
     write_known_hosts(nodes)
     for image in (CLUSTER_IMAGE, DONOR_IMAGE):
         load_into_nodes(image, nodes)
-    make_tiny_model()
+    finish_tiny_model(model)
     log(
         f"pair up in {time.monotonic() - started:.0f}s: "
         + ", ".join(f"{n.name}={n.mgmt_ip}" for n in nodes)

@@ -1,8 +1,10 @@
-"""sim/simctl.py refuses, with a message saying what to do, a machine that cannot host the pair."""
+"""sim/simctl.py: what it refuses on a machine that cannot host the pair (with what to do), and
+when it makes the tiny model again."""
 
 from __future__ import annotations
 
 import importlib.util
+import shutil
 import sys
 import textwrap
 from pathlib import Path
@@ -110,3 +112,24 @@ def test_sim_inventory_matches_the_sim_networks(simctl):
     nodes = simctl.read_nodes()
     assert [n.name for n in nodes] == ["spark-1", "spark-2"]
     assert len({n.fast_ip for n in nodes}) == 2
+
+
+@pytest.mark.parametrize(
+    "changed", ["make_tiny_model.py", "chat_template.jinja", "conversations.json"]
+)
+def test_the_tiny_model_is_made_again_when_its_inputs_change(
+    simctl, monkeypatch, tmp_path, changed
+):
+    """Its trainer, template and scripts, and the donor image whose torch trains it."""
+    shutil.copytree(ROOT / "sim" / "models", tmp_path / "models")
+    monkeypatch.setattr(simctl, "SIM", tmp_path)
+    donor = {"inputs": "donor-a"}
+    monkeypatch.setattr(simctl, "image_label", lambda image: donor["inputs"])
+    before = simctl.tiny_model_inputs()
+    assert simctl.tiny_model_inputs() == before
+    donor["inputs"] = "donor-b"
+    assert simctl.tiny_model_inputs() != before
+    donor["inputs"] = "donor-a"
+    with (tmp_path / "models" / changed).open("a", encoding="utf-8") as f:
+        f.write("\n")
+    assert simctl.tiny_model_inputs() != before
