@@ -196,14 +196,14 @@ def _answers(nodes) -> bool:
         return False
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def deployed_pair(sim, nodes):
-    """The pair serving the inventory's deployment: deploy.yml runs first when it does not
-    answer (a fresh machine runs tests/sim before molecule has deployed anything)."""
-    if not _answers(nodes):
-        run = run_playbook("deploy.yml")
-        assert run.rc == 0, run.failures() or run.raw[-4000:]
-        print(f"\ndeploy.yml for the tests that need a serving pair: {run.seconds:.0f}s")
+    """The pair serving the inventory's deployment, for each module that needs it whatever ran
+    before: deploy.yml runs every time (seconds when the pair is in step with the inventory; a
+    full deploy on a fresh pair, or where an earlier module left something else)."""
+    run = run_playbook("deploy.yml")
+    assert run.rc == 0, run.failures() or run.raw[-4000:]
+    print(f"\ndeploy.yml for {len(nodes)} nodes before the module: {run.seconds:.0f}s")
     assert _answers(nodes), "the pair does not serve after deploy.yml"
     return nodes
 
