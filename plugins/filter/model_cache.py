@@ -36,6 +36,16 @@ def model_cache_rsync(stdout):
         raise AnsibleFilterError(f"model_cache_rsync: {exc}") from exc
 
 
+def model_cache_problems(problems):
+    """A manifest comparison's problems (model_manifest's RV problems) as one line that names
+    the files: missing, size or SHA-256 different, dangling or escaping links."""
+    if not isinstance(problems, dict):
+        raise AnsibleFilterError(
+            f"model_cache_problems: expected a dict, got {type(problems).__name__}"
+        )
+    return mm.describe(problems) or "no problems"
+
+
 def model_cache_repo_dir(repo_id):
     """The Hugging Face cache directory name of a repository (models--Org--Name)."""
     try:
@@ -52,4 +62,5 @@ class FilterModule:
             "model_cache_disk": model_cache_disk,
             "model_cache_rsync": model_cache_rsync,
             "model_cache_repo_dir": model_cache_repo_dir,
+            "model_cache_problems": model_cache_problems,
         }

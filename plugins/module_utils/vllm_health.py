@@ -23,6 +23,19 @@ _EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b(:|$
 _NOISE = re.compile(
     r"^\s*(File \"|\^+$|~+$|raise |return |During handling|Traceback \(most recent)"
 )
+# Ray's wrapper of an exception raised inside a rank (a Ray actor), naming the exception's class
+# and, for a rank on another node, that node's address:
+# "ray.exceptions.RayTaskError(SafetensorError): ray::RayWorkerProc.initialize_worker() (pid=425,
+# ip=172.30.241.12, ...)".
+_RAY_TASK_ERROR = re.compile(r"RayTaskError\((?P<kind>\w+)\)(?:.*?\bip=(?P<ip>[0-9A-Fa-f.:]+))?")
+# Colour codes, and the prefix Ray gives a rank's lines in the driver's log:
+# "\x1b[36m(RayWorkerProc pid=214, ip=172.30.241.12)\x1b[0m ".
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_RAY_PREFIX = re.compile(r"^\((?:[A-Za-z0-9_]+ )?pid=\d+(?:, ip=[^)]*)?\)\s*")
+# Ray's own log lines: "2026-12-01 04:27:01,479\tINFO worker.py:1691 -- Connecting ...".
+_RAY_LOG = re.compile(
+    r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+\s+(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL)\s+"
+)
 # vLLM's log prefix: "(APIServer pid=1) ERROR 11-30 06:07:10 [file.py:12] ".
 _PREFIX = re.compile(
     r"^(\([A-Za-z0-9_]+ pid=\d+\)\s*)?(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL)?\s*"
@@ -52,16 +65,21 @@ def container_failure(before: dict, now: dict) -> str:
 
 def _strip(raw: str) -> tuple[str, str]:
     """(level, text) of one log line, without vLLM's prefix."""
-    line = raw.rstrip()
+    line = _ANSI.sub("", raw).rstrip()
+    line = _RAY_PREFIX.sub("", line.strip()) if _RAY_PREFIX.match(line.strip()) else line
+    ray_log = _RAY_LOG.match(line.strip())
+    if ray_log:
+        return ray_log.group("level"), line.strip()[ray_log.end() :]
     prefix = _PREFIX.match(line.strip())
     if not prefix or not prefix.end():
         return "", line
     return prefix.group("level") or "", line.strip()[prefix.end() :]
 
 
-def _exception_blocks(entries: list[tuple[str, str]]) -> list[list[str]]:
-    """Each exception line with the detail lines that follow it (pydantic names the field)."""
-    blocks: list[list[str]] = []
+def _exception_blocks(entries: list[tuple[str, str]]) -> list[tuple[int, list[str]]]:
+    """Each exception line with the detail lines that follow it (pydantic names the field),
+    with the index of its line."""
+    blocks: list[tuple[int, list[str]]] = []
     for i, (_level, text) in enumerate(entries):
         if text.startswith(" ") or not _EXCEPTION.match(text):
             continue
@@ -76,27 +94,50 @@ def _exception_blocks(entries: list[tuple[str, str]]) -> list[list[str]]:
             ):
                 break
             block.append(detail.strip())
-        blocks.append(block)
+        blocks.append((i, block))
     return blocks
+
+
+def _rank_root_cause(entries, blocks) -> list[str]:
+    """The exception a rank raised, when Ray reported one: the block of the class that the last
+    RayTaskError names, after it, prefixed with the rank's node address when it gave one."""
+    for index in range(len(entries) - 1, -1, -1):
+        found = _RAY_TASK_ERROR.search(entries[index][1])
+        if not found:
+            continue
+        kind = found.group("kind")
+        for start, block in blocks:
+            head = block[0].split(":", 1)[0]
+            if start > index and (head == kind or head.endswith("." + kind)):
+                where = f"the rank on {found.group('ip')}: " if found.group("ip") else "a rank: "
+                return [where + block[0], *block[1:]]
+        return []
+    return []
 
 
 def error_excerpt(log_text: str, max_blocks: int = 3, max_chars: int = 600) -> str:
     """vLLM's own reason for stopping, from the end of a container's log, trimmed.
 
-    The last distinct exceptions, oldest first: with chained exceptions across vLLM's
-    processes the root cause comes before "Engine core initialization failed". Without an
-    exception, the last lines logged at ERROR or that name an error. Joined by " | ".
+    When a rank raised (Ray wraps it as a RayTaskError), that exception comes first, named
+    with the rank's node: it is the root cause, and what the driver raises while shutting the
+    group down follows it. Then the last distinct exceptions, oldest first: with chained
+    exceptions across vLLM's processes the root cause comes before "Engine core initialization
+    failed". Without an exception, the last lines logged at ERROR or that name an error.
+    Joined by " | ".
     """
     entries = [_strip(raw) for raw in log_text.splitlines()]
+    blocks = _exception_blocks(entries)
+    root = _rank_root_cause(entries, blocks)
     picked: list[str] = []
-    seen: set[str] = set()
-    for block in reversed(_exception_blocks(entries)):
+    seen: set[str] = {root[0].split(": ", 1)[1]} if root else set()
+    for _start, block in reversed(blocks):
         if block[0] in seen:
             continue
         seen.add(block[0])
         picked[:0] = block
         if len(seen) >= max_blocks:
             break
+    picked[:0] = root
     if not picked:
         for level, line in reversed(entries):
             if level in ("DEBUG", "INFO", "WARNING"):

@@ -43,3 +43,33 @@ def test_hf_manifest_default_patterns():
 def test_rsync_without_stats_is_a_filter_error():
     with pytest.raises(AnsibleFilterError, match="--stats"):
         FILTERS["model_cache_rsync"]("")
+
+
+def test_problems_name_each_file_by_kind():
+    from ansible_collections.dgx_spark.cluster.plugins.module_utils import model_manifest as mm
+
+    head = {
+        "model-00001-of-00002.safetensors": {"size": 10, "sha256": "a" * 64},
+        "model-00002-of-00002.safetensors": {"size": 10, "sha256": "b" * 64},
+        "config.json": {"size": 5, "sha256": "c" * 64},
+    }
+    worker = {
+        "files": {
+            "model-00001-of-00002.safetensors": {"size": 10, "sha256": "f" * 64},
+            "config.json": {"size": 5, "sha256": "c" * 64},
+        }
+    }
+    line = flt.model_cache_problems(mm.compare(head, worker))
+    assert line == (
+        "missing (1): model-00002-of-00002.safetensors; "
+        "SHA-256 differs (1): model-00001-of-00002.safetensors"
+    )
+
+
+def test_problems_of_a_clean_copy():
+    from ansible_collections.dgx_spark.cluster.plugins.module_utils import model_manifest as mm
+
+    files = {"config.json": {"size": 5}}
+    assert flt.model_cache_problems(mm.compare(files, {"files": files})) == "no problems"
+    with pytest.raises(AnsibleFilterError, match="expected a dict"):
+        flt.model_cache_problems(["missing"])

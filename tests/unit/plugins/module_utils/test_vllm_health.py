@@ -84,3 +84,35 @@ def test_error_excerpt_of_a_clean_log_is_empty():
 )
 def test_completion_ok(status, body, ok):
     assert vllm_health.completion_ok(status, body) is ok
+
+
+def test_a_ranks_own_exception_comes_first_with_its_node():
+    # A real failed start on the sim's pair (Ray backend, TP 2): the worker's shard had a
+    # broken safetensors header. The driver then raised while shutting the group down.
+    excerpt = vllm_health.error_excerpt((FIXTURES / "loader_error_ray_worker.log").read_text())
+    first, *rest = excerpt.split(" | ")
+    assert first == (
+        "the rank on 172.30.241.12: safetensors._safetensors_rust.SafetensorError:"
+        " Error while deserializing header: header too large"
+    )
+    assert rest[-1].startswith("RuntimeError: Engine core initialization failed.")
+    assert not any("\x1b" in part or "RayWorkerProc pid" in part for part in rest)
+
+
+def test_a_rank_on_the_head_has_no_address():
+    text = (
+        "(EngineCore pid=9) ERROR 12-01 04:19:16 [core.py:1] ray.exceptions.RayTaskError(OSError):"
+        " ray::RayWorkerProc.initialize_worker() (pid=187, actor_id=4aeb)\n"
+        "(EngineCore pid=9) ERROR 12-01 04:19:16 [core.py:1] OSError: [Errno 5] I/O error\n"
+        "RuntimeError: Engine core initialization failed.\n"
+    )
+    assert vllm_health.error_excerpt(text).startswith("a rank: OSError: [Errno 5] I/O error")
+
+
+def test_rays_own_info_lines_are_not_part_of_an_exception():
+    text = (
+        "OSError: [Errno 5] I/O error\n"
+        "2026-12-01 04:27:01,479\tINFO worker.py:1691 -- Using address 172.30.241.11:6379\n"
+        "2026-12-01 04:27:01,488\tINFO worker.py:2038 -- Connected to Ray cluster.\n"
+    )
+    assert vllm_health.error_excerpt(text) == "OSError: [Errno 5] I/O error"
