@@ -96,7 +96,9 @@ def parse_output(text: str) -> dict:
     }
 
 
-def _advice(parsed: dict, nccl_library: str, require_ib: bool, timed_out: bool) -> list[str]:
+def _advice(
+    parsed: dict, nccl_library: str, require_ib: bool, timed_out: bool, devices: bool
+) -> list[str]:
     tries = []
     version = version_tuple(parsed["nccl_version"])
     if version and version < RECOMMENDED_NCCL:
@@ -108,7 +110,7 @@ def _advice(parsed: dict, nccl_library: str, require_ib: bool, timed_out: bool) 
             )
         tries.append(f"NCCL >= {wanted} (2.28.x has public deadlock reports)")
     kind = parsed["transport"].get("transport", "unknown")
-    if require_ib and kind != "IB":
+    if require_ib and (kind != "IB" or devices):
         tries.append(
             "NCCL_IB_HCA in comm.env naming the cabled port's RoCE devices (host_prep derives "
             "it from ibdev2netdev), NCCL_IB_DISABLE=0, /dev/infiniband and IPC_LOCK in "
@@ -163,6 +165,7 @@ def decide(
         parsed_nodes[node] = parsed
         timed_out = bool(entry.get("timed_out")) or parsed["hung"]
         reasons = []
+        devices = False
         result = parsed["result"]
         if timed_out:
             reasons.append("did not finish within the timeout (a hang)")
@@ -173,6 +176,7 @@ def decide(
         if require_ib and not reasons and parsed["backend"] == "nccl":
             mismatch = nccl_device_mismatch(parsed["transport"], (ib_hca or {}).get(node))
             if mismatch:
+                devices = True
                 reasons.append(mismatch)
         if reasons:
             kind = parsed["transport"].get("transport", "unknown")
@@ -181,10 +185,10 @@ def decide(
                 seen = "backend gloo"
             else:
                 seen = f"NCCL {version}, transport {kind}"
-            tries = _advice(parsed, nccl_library, require_ib, timed_out)
+            tries = _advice(parsed, nccl_library, require_ib, timed_out, devices)
             failures.append(node)
             lines.append(
-                f"{node}: the two-rank collective in {image or 'the serving image'} "
+                f"{node}: the two-rank collective in {image or 'the serving image'}: "
                 f"{'; '.join(reasons)}; {seen}"
                 + (f", library {parsed['library']}" if parsed["library"] else "")
                 + f" (spark_nccl_library: {nccl_library}). Try: {'; '.join(tries)}"
