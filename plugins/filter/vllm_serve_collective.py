@@ -26,7 +26,9 @@ def vllm_serve_collective_plan(nodes, hostvars, enabled=True):
     return rank_collective.plan(bool(enabled), table)
 
 
-def vllm_serve_collective_check(nodes, hostvars, require_ib=False, nccl_library="image", image=""):
+def vllm_serve_collective_check(
+    nodes, hostvars, require_ib=False, nccl_library="image", image="", backend=""
+):
     """Every node's rank output -> {passed, message, failed, nodes: {node: parsed}}."""
     outputs, hcas = {}, {}
     for node in [str(n) for n in nodes]:
@@ -37,7 +39,9 @@ def vllm_serve_collective_check(nodes, hostvars, require_ib=False, nccl_library=
             "timed_out": bool(run.get("timed_out")),
         }
         hcas[node] = str(hostvars[node].get("_vllm_serve_collective_ib_hca") or "")
-    return rank_collective.decide(outputs, bool(require_ib), str(nccl_library), hcas, str(image))
+    return rank_collective.decide(
+        outputs, bool(require_ib), str(nccl_library), hcas, str(image), str(backend)
+    )
 
 
 def vllm_serve_collective_record(parsed, image_id, digest, checked_at):

@@ -116,7 +116,7 @@ def _advice(
             "it from ibdev2netdev), NCCL_IB_DISABLE=0, /dev/infiniband and IPC_LOCK in "
             "spark_container_devices / spark_container_capabilities"
         )
-    if not parsed["nccl_version"] and parsed["backend"] != "gloo":
+    if parsed["result"] is None and not parsed["nccl_version"]:
         tries.append(
             "the head's fast-link address and the check's port reachable from every node "
             "(spark_fast_ip, the firewall, GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME in comm.env)"
@@ -150,11 +150,13 @@ def decide(
     nccl_library: str = "image",
     ib_hca: dict | None = None,
     image: str = "",
+    backend: str = "",
 ) -> dict:
     """Pass or fail for every node's rank at once.
 
     ``nodes`` maps each node to ``{"output": str, "rc": int | None, "timed_out": bool}``
-    (``rc`` None when the rank did not finish). ``ib_hca`` maps a node to its NCCL_IB_HCA;
+    (``rc`` None when the rank did not finish); ``backend`` is the one expected (``gloo`` off
+    hardware), for the message of a rank that failed before it said. ``ib_hca`` maps a node to its NCCL_IB_HCA;
     with ``require_ib`` NCCL must have run NET/IB on exactly those devices. Returns
     ``{passed, message, nodes: {node: parsed}, failed: [nodes]}``.
     """
@@ -162,6 +164,9 @@ def decide(
     for node in sorted(nodes):
         entry = nodes[node] or {}
         parsed = parse_output(str(entry.get("output") or ""))
+        if not parsed["backend"] and backend == "gloo" and "NCCL INFO" not in entry.get("output", ""):
+            parsed["backend"] = "gloo"
+            parsed["transport"] = {"transport": "gloo"}
         parsed_nodes[node] = parsed
         timed_out = bool(entry.get("timed_out")) or parsed["hung"]
         reasons = []

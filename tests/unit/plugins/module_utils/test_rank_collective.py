@@ -185,10 +185,14 @@ def test_a_gloo_pair_passes_and_says_so():
 def test_a_failed_rendezvous_names_the_address_to_check():
     # What torch raises when the head's address does not answer (made here, not captured).
     text = "torch.distributed.DistNetworkError: The client socket has timed out after 30s\n"
-    decision = rc.decide({"sim-2": {"output": text, "rc": 1}})
+    decision = rc.decide({"sim-2": {"output": text, "rc": 1}}, backend="gloo")
     assert not decision["passed"]
     assert "failed (exit 1): torch.distributed.DistNetworkError" in decision["message"]
     assert "the head's fast-link address" in decision["message"]
+    assert "; backend gloo (spark_nccl_library: image)" in decision["message"]
+    # Where NCCL was expected, the message says no NCCL line came.
+    nccl = rc.decide({"a": {"output": text, "rc": 1}}, backend="nccl")["message"]
+    assert "NCCL unknown (no NCCL init line), transport unknown" in nccl
 
 
 def test_a_rank_without_output_fails():
