@@ -156,15 +156,20 @@ def decide(
 
     ``nodes`` maps each node to ``{"output": str, "rc": int | None, "timed_out": bool}``
     (``rc`` None when the rank did not finish); ``backend`` is the one expected (``gloo`` off
-    hardware), for the message of a rank that failed before it said. ``ib_hca`` maps a node to its NCCL_IB_HCA;
-    with ``require_ib`` NCCL must have run NET/IB on exactly those devices. Returns
+    hardware), for the message of a rank that failed before it said. ``ib_hca`` maps a node
+    to its NCCL_IB_HCA; with ``require_ib`` NCCL must have run NET/IB on exactly those devices.
+    Returns
     ``{passed, message, nodes: {node: parsed}, failed: [nodes]}``.
     """
     parsed_nodes, failures, lines = {}, [], []
     for node in sorted(nodes):
         entry = nodes[node] or {}
         parsed = parse_output(str(entry.get("output") or ""))
-        if not parsed["backend"] and backend == "gloo" and "NCCL INFO" not in entry.get("output", ""):
+        if (
+            not parsed["backend"]
+            and backend == "gloo"
+            and "NCCL INFO" not in entry.get("output", "")
+        ):
             parsed["backend"] = "gloo"
             parsed["transport"] = {"transport": "gloo"}
         parsed_nodes[node] = parsed
@@ -175,7 +180,9 @@ def decide(
         if timed_out:
             reasons.append("did not finish within the timeout (a hang)")
         elif entry.get("rc") not in (0, None) or result is None:
-            reasons.append(f"failed (exit {entry.get('rc')}): {parsed['error'] or 'no result line'}")
+            reasons.append(
+                f"failed (exit {entry.get('rc')}): {parsed['error'] or 'no result line'}"
+            )
         elif result.get("wrong"):
             reasons.append(f"{result['wrong']} wrong values after the collective")
         if require_ib and not reasons and parsed["backend"] == "nccl":

@@ -173,7 +173,10 @@ def test_wrong_values_fail():
 
 
 def test_a_gloo_pair_passes_and_says_so():
-    nodes = {"sim-1": {"output": result("gloo", 0), "rc": 0}, "sim-2": {"output": result("gloo", 1), "rc": 0}}
+    nodes = {
+        "sim-1": {"output": result("gloo", 0), "rc": 0},
+        "sim-2": {"output": result("gloo", 1), "rc": 0},
+    }
     decision = rc.decide(nodes)
     assert decision["passed"]
     assert decision["message"].splitlines() == [
@@ -217,7 +220,10 @@ def rec(image="sha256:aa", digest="d1") -> dict:
 def test_the_first_pass_runs():
     plan = rc.plan(True, {"a": node(), "b": node()})
     assert plan["run"]
-    assert plan["stale"] == {"a": "no passed collective recorded", "b": "no passed collective recorded"}
+    assert plan["stale"] == {
+        "a": "no passed collective recorded",
+        "b": "no passed collective recorded",
+    }
 
 
 def test_nothing_changed_skips():
