@@ -1,0 +1,59 @@
+# Copyright: contributors to the dgx_spark.cluster collection
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""Filters of vllm_serve's two-rank collective; thin wrappers over
+plugins/module_utils/rank_collective.py (documented in the sidecar YAML files next to this one)."""
+
+from __future__ import annotations
+
+from ansible_collections.dgx_spark.cluster.plugins.module_utils import rank_collective
+
+
+def vllm_serve_collective_digest(settings):
+    """A short digest of the ranks' comm settings."""
+    return rank_collective.settings_digest(dict(settings))
+
+
+def vllm_serve_collective_plan(nodes, hostvars, enabled=True):
+    """Whether the collective runs: {run, reason, stale}."""
+    table = {}
+    for node in [str(n) for n in nodes]:
+        facts = hostvars[node].get("_vllm_serve_collective_node") or {}
+        table[node] = {
+            "image_id": str(facts.get("image_id") or ""),
+            "digest": str(facts.get("digest") or ""),
+            "record": rank_collective.read_record(facts.get("record_text")),
+        }
+    return rank_collective.plan(bool(enabled), table)
+
+
+def vllm_serve_collective_check(
+    nodes, hostvars, require_ib=False, nccl_library="image", image="", backend=""
+):
+    """Every node's rank output -> {passed, message, failed, nodes: {node: parsed}}."""
+    outputs, hcas = {}, {}
+    for node in [str(n) for n in nodes]:
+        run = hostvars[node].get("_vllm_serve_collective_out") or {}
+        outputs[node] = {
+            "output": str(run.get("output") or ""),
+            "rc": run.get("rc"),
+            "timed_out": bool(run.get("timed_out")),
+        }
+        hcas[node] = str(hostvars[node].get("_vllm_serve_collective_ib_hca") or "")
+    return rank_collective.decide(
+        outputs, bool(require_ib), str(nccl_library), hcas, str(image), str(backend)
+    )
+
+
+def vllm_serve_collective_record(parsed, image_id, digest, checked_at):
+    """The record a node keeps after the collective passed."""
+    return rank_collective.record(str(image_id), str(digest), dict(parsed), str(checked_at))
+
+
+class FilterModule:
+    def filters(self):
+        return {
+            "vllm_serve_collective_check": vllm_serve_collective_check,
+            "vllm_serve_collective_digest": vllm_serve_collective_digest,
+            "vllm_serve_collective_plan": vllm_serve_collective_plan,
+            "vllm_serve_collective_record": vllm_serve_collective_record,
+        }

@@ -1,0 +1,299 @@
+"""Tests for plugins/module_utils/rank_collective.py: what a rank's output says and what the
+run decides from every rank's, on real NCCL_DEBUG=INFO captures (tests/unit/fixtures/host_prep,
+each with its ``#|`` provenance header).
+
+The captures come from nccl-tests under mpirun, where both hosts print into one stream; a node
+runs its own rank here, so :func:`own_lines` keeps one host's lines of a capture. Where a case
+needs what no capture shows (the script's result line, a hang's faulthandler line, a failed
+rendezvous), the test adds it to a real capture and says so."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+from ansible_collections.dgx_spark.cluster.plugins.module_utils import rank_collective as rc
+from support.captures import tool_output
+
+ROOT = Path(__file__).resolve().parents[4]
+FIXTURES = ROOT / "tests/unit/fixtures/host_prep"
+SCRIPT = ROOT / "roles/vllm_serve/files/rank_collective.py"
+PORT1_HCA = "rocep1s0f1,roceP2p1s0f1"
+PORT0_HCA = "rocep1s0f0,roceP2p1s0f0"
+
+
+def capture(name: str) -> str:
+    return tool_output(FIXTURES / name)
+
+
+def own_lines(text: str, host: str) -> str:
+    """One host's NCCL lines of a two-host capture."""
+    return "".join(line for line in text.splitlines(keepends=True) if line.startswith(host + ":"))
+
+
+def result(backend: str, rank: int, **extra) -> str:
+    """A result line as rank_collective.py prints it (made here: no capture has one yet)."""
+    line = {"check": "rank_collective", "op": "all_reduce", "rank": rank, "world_size": 2,
+            "backend": backend, "nccl_version": None, "nccl_library": "", "wrong": 0,
+            "busbw_gbps": 0.4, "elapsed_s": 3.1}  # fmt: skip
+    line.update(extra)
+    return rc.MARK + json.dumps(line, sort_keys=True) + "\n"
+
+
+# --------------------------------------------------------------------------- parsing
+
+
+@pytest.mark.parametrize(
+    ("name", "version"),
+    [
+        ("all_gather_perf_spark_ib.txt", "2.28.9+cuda13.0"),
+        ("all_gather_perf_spark_port0.txt", "2.28.9+cuda13.0"),
+        ("all_gather_perf_h200x2_p2p.txt", "2.28.3+cuda13.0"),
+        ("all_gather_perf_h200x2_socket.txt", "2.28.3+cuda13.0"),
+        ("all_gather_perf_spark_nodebug.txt", ""),
+    ],
+)
+def test_the_nccl_version_is_read_from_the_init_line(name, version):
+    assert rc.nccl_version(capture(name)) == version
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("2.28.9+cuda13.0", (2, 28, 9)), ("2.30.7", (2, 30, 7)), ("", ()), (None, ())],
+)
+def test_version_tuple(text, expected):
+    assert rc.version_tuple(text) == expected
+
+
+def test_one_spark_rank_reads_net_ib_on_both_twins():
+    parsed = rc.parse_output(own_lines(capture("all_gather_perf_spark_ib.txt"), "spark-fb97"))
+    assert parsed["transport"]["transport"] == "IB"
+    assert parsed["nccl_version"] == "2.28.9+cuda13.0"
+    assert parsed["result"] is None and not parsed["hung"]
+
+
+def test_a_socket_fallback_reads_as_socket():
+    parsed = rc.parse_output(capture("all_gather_perf_h200x2_socket.txt"))
+    assert parsed["transport"]["transport"] == "Socket"
+    assert parsed["transport"]["socket_ifaces"] == ["eth0"]
+
+
+def test_the_result_line_is_found_after_the_nccl_lines():
+    text = own_lines(capture("all_gather_perf_spark_ib.txt"), "spark-4440") + result(
+        "nccl", 1, nccl_version="2.28.9", nccl_library="/opt/dgx-spark-nccl/libnccl.so.2"
+    )
+    parsed = rc.parse_output(text)
+    assert parsed["result"]["rank"] == 1
+    assert parsed["library"] == "/opt/dgx-spark-nccl/libnccl.so.2"
+    # The init line's full version wins over torch's tuple.
+    assert parsed["nccl_version"] == "2.28.9+cuda13.0"
+
+
+def test_a_gloo_rank_has_no_nccl_transport():
+    parsed = rc.parse_output(result("gloo", 0))
+    assert parsed["backend"] == "gloo"
+    assert parsed["transport"] == {"transport": "gloo"}
+    assert parsed["nccl_version"] == ""
+
+
+# --------------------------------------------------------------------------- the decision
+
+
+def spark_nodes(name: str, tail0: str = "", tail1: str = "", rc0=0, rc1=0, hung=False) -> dict:
+    text = capture(name)
+    return {
+        "spark-1": {"output": own_lines(text, "spark-fb97") + tail0, "rc": rc0, "timed_out": hung},
+        "spark-2": {"output": own_lines(text, "spark-4440") + tail1, "rc": rc1, "timed_out": hung},
+    }
+
+
+def test_two_ranks_over_net_ib_on_the_configured_twins_pass():
+    nodes = spark_nodes("all_gather_perf_spark_ib.txt", result("nccl", 0), result("nccl", 1))
+    hca = {"spark-1": PORT1_HCA, "spark-2": PORT1_HCA}
+    decision = rc.decide(nodes, require_ib=True, ib_hca=hca)
+    assert decision["passed"], decision["message"]
+    assert "NCCL 2.28.9+cuda13.0, transport IB" in decision["message"]
+
+
+def test_a_hang_names_the_version_the_transport_and_what_to_try():
+    # The faulthandler line the script prints at its deadline, added to a real capture.
+    hang = "Timeout (0:03:00)!\nThread 0x0000ffff (most recent call first):\n"
+    nodes = spark_nodes("all_gather_perf_spark_ib.txt", hang, hang, rc0=None, rc1=None)
+    decision = rc.decide(nodes, require_ib=True, nccl_library="image", image="dgx/x:current")
+    assert not decision["passed"]
+    assert decision["failed"] == ["spark-1", "spark-2"]
+    message = decision["message"]
+    assert "did not finish within the timeout (a hang)" in message
+    assert "NCCL 2.28.9+cuda13.0, transport IB" in message
+    assert "spark_nccl_library: host" in message
+    assert "NCCL >= 2.30.7" in message
+    assert "vllm_serve_collective_timeout" in message
+    assert message.endswith("Nothing serving was touched: the running group keeps serving.")
+
+
+def test_with_the_hosts_nccl_the_advice_is_a_newer_host_nccl():
+    hang = "Timeout (0:03:00)!\n"
+    nodes = spark_nodes("all_gather_perf_spark_ib.txt", hang, hang, rc0=None, rc1=None)
+    message = rc.decide(nodes, nccl_library="host")["message"]
+    assert "spark_nccl_library: host (the ranks" not in message
+    assert "NCCL >= 2.30.7" in message and "(spark_nccl_library: host)" in message
+
+
+def test_the_cable_in_port_0_with_port_1s_twins_configured_fails_on_the_devices():
+    # The port-0 capture (NET/IB on rocep1s0f0/roceP2p1s0f0) with NCCL_IB_HCA of port 1.
+    nodes = spark_nodes("all_gather_perf_spark_port0.txt", result("nccl", 0), result("nccl", 1))
+    hca = {"spark-1": PORT1_HCA, "spark-2": PORT1_HCA}
+    decision = rc.decide(nodes, require_ib=True, ib_hca=hca)
+    assert not decision["passed"]
+    assert "NCCL used NET/IB on rocep1s0f0" in decision["message"]
+    assert "NCCL_IB_HCA in comm.env naming the cabled port's RoCE devices" in decision["message"]
+    # Named right, the same capture passes.
+    good = rc.decide(nodes, require_ib=True, ib_hca={"spark-1": PORT0_HCA, "spark-2": PORT0_HCA})
+    assert good["passed"], good["message"]
+
+
+def test_a_socket_fallback_fails_where_net_ib_is_required():
+    text = capture("all_gather_perf_h200x2_socket.txt")
+    nodes = {"a": {"output": text + result("nccl", 0), "rc": 0}}
+    decision = rc.decide(nodes, require_ib=True, ib_hca={"a": PORT1_HCA})
+    assert not decision["passed"]
+    assert "NET/Socket over eth0" in decision["message"]
+    assert "transport Socket" in decision["message"]
+    # Off hardware (no RDMA required) the same run passes.
+    assert rc.decide(nodes, require_ib=False)["passed"]
+
+
+def test_wrong_values_fail():
+    nodes = {"a": {"output": result("gloo", 0, wrong=7), "rc": 0}}
+    decision = rc.decide(nodes)
+    assert not decision["passed"]
+    assert "7 wrong values" in decision["message"]
+
+
+def test_a_gloo_pair_passes_and_says_so():
+    nodes = {
+        "sim-1": {"output": result("gloo", 0), "rc": 0},
+        "sim-2": {"output": result("gloo", 1), "rc": 0},
+    }
+    decision = rc.decide(nodes)
+    assert decision["passed"]
+    assert decision["message"].splitlines() == [
+        "sim-1: all_reduce over 2 ranks, backend gloo, transport gloo, busbw 0.4 GB/s, 3.1 s",
+        "sim-2: all_reduce over 2 ranks, backend gloo, transport gloo, busbw 0.4 GB/s, 3.1 s",
+    ]
+
+
+def test_a_failed_rendezvous_names_the_address_to_check():
+    # What torch raises when the head's address does not answer (made here, not captured).
+    text = "torch.distributed.DistNetworkError: The client socket has timed out after 30s\n"
+    decision = rc.decide({"sim-2": {"output": text, "rc": 1}}, backend="gloo")
+    assert not decision["passed"]
+    assert "failed (exit 1): torch.distributed.DistNetworkError" in decision["message"]
+    assert "the head's fast-link address" in decision["message"]
+    assert "; backend gloo (spark_nccl_library: image)" in decision["message"]
+    # Where NCCL was expected, the message says no NCCL line came.
+    nccl = rc.decide({"a": {"output": text, "rc": 1}}, backend="nccl")["message"]
+    assert "NCCL unknown (no NCCL init line), transport unknown" in nccl
+
+
+def test_a_rank_without_output_fails():
+    decision = rc.decide({"a": {"output": "", "rc": None, "timed_out": False}})
+    assert not decision["passed"]
+    assert "no result line" in decision["message"]
+
+
+# --------------------------------------------------------------------------- plan and record
+
+
+def node(image="sha256:aa", digest="d1", record=None) -> dict:
+    return {"image_id": image, "digest": digest, "record": record}
+
+
+def rec(image="sha256:aa", digest="d1") -> dict:
+    parsed = rc.parse_output(result("gloo", 0))
+    text = json.dumps(rc.record(image, digest, parsed, "2026-12-01T00:00:00+00:00"))
+    return rc.read_record(text)
+
+
+def test_the_first_pass_runs():
+    plan = rc.plan(True, {"a": node(), "b": node()})
+    assert plan["run"]
+    assert plan["stale"] == {
+        "a": "no passed collective recorded",
+        "b": "no passed collective recorded",
+    }
+
+
+def test_nothing_changed_skips():
+    plan = rc.plan(True, {"a": node(record=rec()), "b": node(record=rec())})
+    assert not plan["run"]
+    assert "2026-12-01T00:00:00+00:00" in plan["reason"]
+
+
+def test_a_changed_comm_setting_on_one_node_runs():
+    plan = rc.plan(True, {"a": node(record=rec()), "b": node(digest="d2", record=rec())})
+    assert plan["run"]
+    assert plan["stale"] == {"b": "the comm settings changed since the last passed collective"}
+
+
+def test_a_new_image_runs():
+    plan = rc.plan(True, {"a": node(image="sha256:bb", record=rec())})
+    assert plan["run"] and "the image changed" in plan["stale"]["a"]
+
+
+def test_switched_off_or_without_the_image_it_does_not_run():
+    assert not rc.plan(False, {"a": node()})["run"]
+    plan = rc.plan(True, {"a": node(image=""), "b": node()})
+    assert not plan["run"] and "not on a" in plan["reason"]
+
+
+def test_the_record_keeps_what_the_pass_showed():
+    kept = rec()
+    assert kept["backend"] == "gloo" and kept["op"] == "all_reduce" and kept["elapsed_s"] == 3.1
+    assert kept["transport"] == "gloo"
+
+
+@pytest.mark.parametrize("text", [None, "", "{", "[]", '{"format": 99}', '{"format": 1}'])
+def test_an_unreadable_record_is_none(text):
+    assert rc.read_record(text) is None
+
+
+def test_the_digest_is_stable_and_sensitive():
+    one = rc.settings_digest({"comm_env": "A=1\n", "rank_env": {"X": "1"}})
+    assert one == rc.settings_digest({"rank_env": {"X": "1"}, "comm_env": "A=1\n"})
+    assert one != rc.settings_digest({"comm_env": "A=2\n", "rank_env": {"X": "1"}})
+
+
+# --------------------------------------------------------------------------- the rank's script
+
+
+@pytest.fixture(scope="module")
+def script():
+    spec = importlib.util.spec_from_file_location("rank_collective_script", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_script_and_the_parser_agree_on_the_mark(script):
+    assert script.MARK == rc.MARK
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--rank", "0", "--master-addr", "a", "--master-port", "1", "--size-mib", "0"],
+        ["--rank", "0", "--master-addr", "a", "--master-port", "1", "--size-mib", "2048"],
+        ["--rank", "2", "--master-addr", "a", "--master-port", "1"],
+        ["--rank", "0", "--world-size", "1", "--master-addr", "a", "--master-port", "1"],
+    ],
+)
+def test_the_script_refuses_unbounded_or_impossible_runs(script, argv):
+    with pytest.raises(SystemExit):
+        script.arguments(argv)
+
+
+def test_the_script_finds_no_nccl_in_a_process_without_it(script):
+    assert script.loaded_nccl() == ""
