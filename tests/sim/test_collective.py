@@ -65,11 +65,12 @@ def test_the_collective_ran_over_gloo_and_is_recorded(first, nodes):
     for line in message.splitlines():
         assert "all_reduce over 2 ranks, backend gloo, transport gloo" in line, message
     print(f"\ncollective on the sim:\n{message}")
-    image_id = container(nodes[0], "dgx-spark-ray")["Image"]
     for node in nodes:
         kept = record(node)
         assert kept["backend"] == "gloo" and kept["op"] == "all_reduce", kept
-        assert kept["image_id"] == image_id, (kept, image_id)
+        # Each node built its own serving image: the record names that node's.
+        image_id = container(node, "dgx-spark-ray")["Image"]
+        assert kept["image_id"] == image_id, (node.name, kept, image_id)
         assert kept["elapsed_s"] > 0 and len(kept["digest"]) == 16, kept
     # The one-off containers are gone.
     for node in nodes:
