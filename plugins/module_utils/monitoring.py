@@ -44,7 +44,11 @@ def setting_errors(settings: dict) -> list[str]:
             )
     for name, low, high in (("kv_cache_pct", 1, 100), ("disk_full_pct", 1, 100)):
         value = settings.get(name)
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or not low <= value <= high:
+        if (
+            not isinstance(value, (int, float))
+            or isinstance(value, bool)
+            or not low <= value <= high
+        ):
             errors.append(f"monitoring_alert_{name} is {value!r}: a number from {low} to {high}")
     floor = settings.get("memory_floor_gib")
     if not isinstance(floor, (int, float)) or isinstance(floor, bool) or floor <= 0:

@@ -64,7 +64,9 @@ def write_rules(workdir: Path, settings: dict) -> None:
 def test_every_alert_has_a_promtool_test():
     tests = yaml.safe_load((HERE / "alert_rules_test.yml").read_text())["tests"]
     tested = {case["alertname"] for t in tests for case in t["alert_rule_test"]}
-    fired = {case["alertname"] for t in tests for case in t["alert_rule_test"] if case["exp_alerts"]}
+    fired = {
+        case["alertname"] for t in tests for case in t["alert_rule_test"] if case["exp_alerts"]
+    }
     assert tested == fired == set(monitoring.ALERTS)
     rules = monitoring.alert_rules(role_settings())["groups"][0]["rules"]
     assert {r["alert"] for r in rules} == set(monitoring.ALERTS)

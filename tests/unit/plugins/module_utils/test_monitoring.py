@@ -116,16 +116,24 @@ def test_alert_thresholds_come_from_the_settings():
 @pytest.mark.parametrize(
     ("expr", "names"),
     [
-        ("sum(rate(vllm:generation_tokens_total[$__rate_interval]))", {"vllm:generation_tokens_total"}),
         (
-            "histogram_quantile(0.99, sum by (le) (rate(vllm:time_to_first_token_seconds_bucket[5m])))",
-            {"vllm:time_to_first_token_seconds_bucket"},
+            "sum(rate(vllm:generation_tokens_total[$__rate_interval]))",
+            {"vllm:generation_tokens_total"},
         ),
-        ('1 - avg by (node) (rate(node_cpu_seconds_total{mode="idle"}[1m]))', {"node_cpu_seconds_total"}),
-        ("node_memory_MemTotal_bytes - node_memory_MemAvailable_bytes",
-         {"node_memory_MemTotal_bytes", "node_memory_MemAvailable_bytes"}),
+        (
+            "histogram_quantile(0.9, sum by (le) (rate(vllm:inter_token_latency_seconds_bucket[1m])))",  # noqa: E501
+            {"vllm:inter_token_latency_seconds_bucket"},
+        ),
+        (
+            '1 - avg by (node) (rate(node_cpu_seconds_total{mode="idle"}[1m]))',
+            {"node_cpu_seconds_total"},
+        ),
+        (
+            "node_memory_MemTotal_bytes - node_memory_MemAvailable_bytes",
+            {"node_memory_MemTotal_bytes", "node_memory_MemAvailable_bytes"},
+        ),
         ('up{job="vllm"} == 0 or absent(up{job="ray"} == 1)', {"up"}),
-        ('a unless on (node) b offset 5m', {"a", "b"}),
+        ("a unless on (node) b offset 5m", {"a", "b"}),
         ('{__name__="vllm:num_requests_waiting", job="vllm"}', {"vllm:num_requests_waiting"}),
     ],
 )
