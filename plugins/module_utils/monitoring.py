@@ -159,8 +159,8 @@ def alert_rules(settings: dict) -> dict:
             "for": settings["kv_cache_for"],
             "labels": {"severity": "warning"},
             "annotations": {
-                "summary": "KV cache above {} % for {}".format(
-                    settings["kv_cache_pct"], settings["kv_cache_for"]
+                "summary": "KV cache above {:g} % for {}".format(
+                    float(settings["kv_cache_pct"]), settings["kv_cache_for"]
                 ),
                 "description": "Usage is {{ $value | humanizePercentage }}: new requests wait "
                 "or running ones are preempted.",
@@ -184,7 +184,7 @@ def alert_rules(settings: dict) -> dict:
             "labels": {"severity": "critical"},
             "annotations": {
                 "summary": "{{ $labels.node }} has less than "
-                + f"{settings['memory_floor_gib']} GiB available",
+                + f"{float(settings['memory_floor_gib']):g} GiB available",
                 "description": "{{ $value | humanize1024 }}B available: on unified memory an "
                 "exhausted node hard-resets.",
             },
@@ -197,7 +197,7 @@ def alert_rules(settings: dict) -> dict:
             "labels": {"severity": "warning"},
             "annotations": {
                 "summary": "{{ $labels.mountpoint }} on {{ $labels.node }} is over "
-                + f"{settings['disk_full_pct']} % full",
+                + f"{float(settings['disk_full_pct']):g} % full",
                 "description": "{{ $value | humanizePercentage }} left.",
             },
         },
