@@ -7,7 +7,11 @@ addresses come from inventories/sim/hosts.yml. Every image, network, volume
 and container the sim makes carries the label ``dgx_spark.sim``; ``down``
 removes those and nothing else.
 
-Usage: simctl.py preflight | up | down [--purge] | status
+The monitoring image (Prometheus, promtool and the node exporter from Debian's packages) is
+made only when asked for: ``monitoring`` builds it and loads it into the nodes,
+``monitoring --build-only`` builds it on this machine's Docker alone (for promtool).
+
+Usage: simctl.py preflight | up | down [--purge] | status | monitoring [--build-only]
 """
 
 from __future__ import annotations
@@ -61,6 +65,9 @@ NODE_PACKAGES = [
     # package_facts (host_prep) reads dpkg through python3-apt, as on DGX OS.
     "python3-apt",
 ]
+# Prometheus 2.42 with promtool, and node exporter 1.5 (bookworm's); no registry image needed.
+MONITORING_PACKAGES = ["prometheus", "prometheus-node-exporter", "ca-certificates"]
+MONITORING_IMAGE = "dgxsim-prometheus:" + DEBIAN_SUITE
 FIXTURE_BASE_PACKAGES = ["python3", "python3-venv", "ca-certificates", "libnuma1", "procps"]
 
 # Pinned fixture versions; the images' tags say what they hold.
@@ -638,6 +645,13 @@ def up() -> None:
     )
 
 
+def monitoring(build_only: bool) -> None:
+    """The monitoring image: built when its packages changed, loaded where it differs."""
+    build_rootfs_image(MONITORING_IMAGE, MONITORING_PACKAGES)
+    if not build_only:
+        load_into_nodes(MONITORING_IMAGE, read_nodes())
+
+
 def down(purge: bool) -> None:
     for kind in ("container", "network", "volume"):
         flag = "-aq" if kind == "container" else "-q"
@@ -674,6 +688,10 @@ def main() -> int:
         "--purge", action="store_true", help="also remove the sim's images and .sim/"
     )
     sub.add_parser("status")
+    mon_p = sub.add_parser("monitoring")
+    mon_p.add_argument(
+        "--build-only", action="store_true", help="build the image here, load it into no node"
+    )
     args = parser.parse_args()
     try:
         if args.cmd == "preflight":
@@ -683,6 +701,8 @@ def main() -> int:
             up()
         elif args.cmd == "down":
             down(args.purge)
+        elif args.cmd == "monitoring":
+            monitoring(args.build_only)
         else:
             status()
     except SimError as exc:

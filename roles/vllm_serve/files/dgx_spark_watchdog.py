@@ -143,6 +143,12 @@ def write_state(path: Path, **state) -> None:
     os.replace(tmp, path)
 
 
+def write_metrics(path: Path, **values: int) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(f"dgx_spark_watchdog_{k} {v}\n" for k, v in values.items()))
+    os.replace(tmp, path)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--url", default="http://127.0.0.1:8000")
@@ -178,6 +184,10 @@ def main(argv: list[str] | None = None) -> int:
                  "give-up": "gave-up"}[verdict]  # fmt: skip
         write_state(args.state, state=state, reason=watch.gave_up, misses=watch.misses,
                     restarts=len(watch.restarts))  # fmt: skip
+        # For node exporter's textfile collector (the monitoring role links it in).
+        write_metrics(args.state.with_name("watchdog.prom"), answered=int(answered),
+                      starting=int(watch.starting(time.time(), since)),
+                      gave_up=int(verdict == "give-up"), restarts=len(watch.restarts))  # fmt: skip
         time.sleep(args.start_interval if watch.starting(time.time(), since) else args.interval)
 
 

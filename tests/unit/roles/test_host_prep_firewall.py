@@ -283,6 +283,36 @@ def test_ruleset_with_no_serving_sources_declares_an_empty_set():
     assert "elements" not in block
 
 
+MONITORED = {
+    "spark_monitoring": True,
+    "groups": {"sparks": ["spark-1", "spark-2"], "spark_head": ["spark-1"]},
+}
+
+
+@pytest.mark.parametrize("host", ["spark-1", "spark-2"])
+def test_monitoring_keeps_the_node_exporter_to_the_head_and_prometheus_to_the_sources(host):
+    text = _ruleset(host=host, hostvars=_hostvars(twins=True), **MONITORED)
+    scrapers = text[text.index("set scrapers") : text.index("set cluster_ports")]
+    # The head's fast-link address and each of its twins, nothing of the worker's.
+    assert "elements = { 198.51.100.11, 198.51.101.11 }" in scrapers
+    chain = text[text.index("chain input") :]
+    accept = chain.index("tcp dport 9100 ip saddr @scrapers accept")
+    assert accept < chain.index('tcp dport 9100 counter name "refused_monitoring" reject')
+    accept = chain.index("tcp dport 9090 ip saddr @serving_sources accept")
+    assert accept < chain.index('tcp dport 9090 counter name "refused_monitoring" reject')
+    # Both come before the cluster ports' refusal, which would otherwise not cover them.
+    assert accept < chain.index("tcp dport @cluster_ports ip saddr @peers accept")
+
+
+def test_monitoring_ports_follow_spark_defaults_and_leave_no_trace_when_off():
+    text = _ruleset(spark_monitoring_node_exporter_port=9200, spark_monitoring_prometheus_port=9290,
+                    **MONITORED)  # fmt: skip
+    assert "tcp dport 9200 ip saddr @scrapers accept" in text
+    assert "tcp dport 9290 ip saddr @serving_sources accept" in text
+    off = _ruleset()
+    assert "scrapers" not in off and "refused_monitoring" not in off and "9100" not in off
+
+
 NFT = shutil.which("nft")
 UNSHARE = shutil.which("unshare")
 
@@ -294,6 +324,7 @@ UNSHARE = shutil.which("unshare")
         {},
         {"vllm_serve_allowed_sources": []},
         {"ansible_port": 2222, "host_prep_firewall_ephemeral_ports": False},
+        {"spark_monitoring": True},
     ],
 )
 def test_nft_loads_the_ruleset_twice_in_a_scratch_namespace(tmp_path, overrides):
