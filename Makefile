@@ -6,8 +6,12 @@ PY      := $(VENV)/bin/python
 BIN     := $(VENV)/bin
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
+# Each long step of demo and test is a timed phase (a line every 30 s while it runs, its
+# seconds at the end); the table of phases closes the run. Standard library only.
+PHASES  := python3 benchmarks/phases.py
+export DGX_SPARK_PHASES ?= $(CURDIR)/.cache/phases.log
 
-.PHONY: help bootstrap venv lint unit sanity sim-up sim-down sim-clean sim-test molecule test demo teardown build
+.PHONY: help bootstrap venv lint unit sanity checks sim-up sim-down sim-clean sim-test molecule test demo teardown build timed-checks timed-sim-up molecule-scenarios
 
 help:
 	@echo "make demo      bring the simulated pair up and run deploy.yml on it"
@@ -58,18 +62,39 @@ build: venv
 	$(BIN)/ansible-galaxy collection build --force --output-path .cache/dist .
 
 # Scenarios named for what they prove; each runs against the simulated pair.
-molecule: sim-up
+molecule: sim-up molecule-scenarios
+
+molecule-scenarios:
 	$(BIN)/molecule test -s images
 	$(BIN)/molecule test -s default
 
-test: bootstrap
-	$(MAKE) lint unit sanity sim-test molecule
+checks: lint unit sanity
 
-demo: bootstrap
-	$(MAKE) sim-up
-	$(BIN)/ansible-playbook -i inventories/sim deploy.yml
+# The checks (CPU) and the pair's start (downloads, image builds and loads) at once.
+timed-checks:
+	$(PHASES) run checks -- $(MAKE) --no-print-directory -j1 checks
+
+timed-sim-up:
+	$(PHASES) run sim-up -- $(PY) sim/simctl.py up
+
+test:
+	@$(PHASES) begin
+	$(PHASES) run bootstrap -- tools/bootstrap.sh
+	$(PHASES) run venv -- $(MAKE) --no-print-directory venv
+	$(PHASES) run checks+sim-up -- $(MAKE) --no-print-directory -j2 --output-sync=line timed-checks timed-sim-up
+	$(PHASES) run sim-test -- $(BIN)/pytest -q tests/sim
+	$(PHASES) run molecule -- $(MAKE) --no-print-directory molecule-scenarios
+	@$(PHASES) table
+
+demo:
+	@$(PHASES) begin
+	$(PHASES) run bootstrap -- tools/bootstrap.sh
+	$(PHASES) run venv -- $(MAKE) --no-print-directory venv
+	$(PHASES) run sim-up -- $(PY) sim/simctl.py up
+	$(PHASES) run deploy -- env ANSIBLE_CALLBACKS_ENABLED=ansible.posix.profile_roles $(BIN)/ansible-playbook -i inventories/sim deploy.yml
 	@echo "Note: the simulated pair serves a tiny model trained at sim-up on a few scripted conversations: its answers below are known ones, proving the path through both nodes, the chat template and the parsers, not a model's knowledge."
-	$(PY) sim/chat.py
+	$(PHASES) run chat -- $(PY) sim/chat.py
+	@$(PHASES) table
 
 teardown: venv
 	$(BIN)/ansible-playbook -i inventories/sim playbooks/teardown.yml

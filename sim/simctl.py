@@ -21,10 +21,12 @@ import hashlib
 import ipaddress
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -114,6 +116,11 @@ class Node:
 
 def log(msg: str) -> None:
     print(f"[sim] {msg}", flush=True)
+    # A step's time also goes to the phase log of make demo / make test (benchmarks/phases.py).
+    phases = os.environ.get("DGX_SPARK_PHASES")
+    if phases and re.search(r" in \d+s\b", msg):
+        with open(phases, "a") as out:
+            out.write(f"[sim] {msg}\n")
 
 
 def docker(
@@ -130,6 +137,41 @@ def docker(
         detail = (proc.stderr or proc.stdout or "").strip()
         raise SimError(f"docker {' '.join(args[:3])} failed: {detail}")
     return proc
+
+
+# A long step says something at least this often (issue: a newcomer cannot tell slow from hung).
+HEARTBEAT_S = 20
+
+
+def run_step(
+    cmd: list[str], what: str, *, steps: str | None = None, env: dict | None = None
+) -> subprocess.CompletedProcess:
+    """Run a long command: the lines matching ``steps`` (a regex) are printed as they come,
+    and a line every HEARTBEAT_S seconds says it still runs; the whole output is kept for the
+    error message."""
+    started = time.monotonic()
+    lines: list[str] = []
+    pattern = re.compile(steps) if steps else None
+    proc = subprocess.Popen(
+        cmd, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, bufsize=1
+    )
+
+    def read() -> None:
+        for line in proc.stdout:
+            lines.append(line)
+            if pattern and pattern.search(line):
+                log(f"{what}: {line.strip()[:120]}")
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    while True:
+        try:
+            proc.wait(timeout=HEARTBEAT_S)
+            break
+        except subprocess.TimeoutExpired:
+            log(f"{what}: still running, {time.monotonic() - started:.0f} s so far")
+    reader.join()
+    return subprocess.CompletedProcess(cmd, proc.returncode, "".join(lines), "")
 
 
 def read_nodes(inventory: Path = INVENTORY) -> list[Node]:
@@ -277,9 +319,12 @@ def build_rootfs_image(tag: str, packages: list[str]) -> str:
             DEBIAN_SUITE,
             str(rootfs),
         ]
-        proc = subprocess.run(cmd, text=True, capture_output=True, check=False)
+        # debootstrap says I: Retrieving/Validating/Unpacking/Configuring per package.
+        proc = run_step(
+            cmd, f"{tag}: debootstrap", steps=r"^I: (Retrieving|Unpacking|Configuring) "
+        )
         if proc.returncode != 0:
-            raise SimError(f"debootstrap failed: {proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+            raise SimError(f"debootstrap failed: {proc.stdout[-4000:]}")
         for leftover in ("var/cache/apt/archives", "var/lib/apt/lists"):
             for f in (rootfs / leftover).glob("*.deb" if "archives" in leftover else "*_*"):
                 f.unlink()
@@ -320,13 +365,14 @@ def build_image(
     for k, v in build_args.items():
         args += ["--build-arg", f"{k}={v}"]
     started = time.monotonic()
-    proc = docker(
-        "build", "-q", "--label", f"{LABEL}=image", "--label", f"{INPUTS_LABEL}={inputs}",
-        *args, "-t", tag, str(ctx), check=False,
-        env={**os.environ, "DOCKER_BUILDKIT": "0"},
+    # The classic builder prints "Step n/N : INSTRUCTION" for each step.
+    proc = run_step(
+        [DOCKER, "build", "--label", f"{LABEL}=image", "--label", f"{INPUTS_LABEL}={inputs}",
+         *args, "-t", tag, str(ctx)],
+        f"{tag}: build", steps=r"^Step \d+/\d+ : ", env={**os.environ, "DOCKER_BUILDKIT": "0"},
     )  # fmt: skip
     if proc.returncode != 0:
-        raise SimError(f"building {tag} failed:\n{proc.stdout[-4000:]}{proc.stderr[-4000:]}")
+        raise SimError(f"building {tag} failed:\n{proc.stdout[-6000:]}")
     shutil.rmtree(ctx, ignore_errors=True)
     log(f"{tag}: built in {time.monotonic() - started:.0f}s")
     return inputs
@@ -340,13 +386,13 @@ def wheelhouse(name: str, requirement: str) -> Path:
         return dest
     log(f"wheelhouse {name}: downloading {requirement}")
     dest.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.run(
-        [sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:",
+    proc = run_step(
+        [sys.executable, "-m", "pip", "download", "--progress-bar", "off", "--only-binary=:all:",
          "-d", str(dest), requirement],
-        text=True, capture_output=True, check=False,
+        f"wheelhouse {name}", steps=r"^(Collecting|Saved) ",
     )  # fmt: skip
     if proc.returncode != 0:
-        raise SimError(f"pip download {requirement} failed: {proc.stderr[-3000:]}")
+        raise SimError(f"pip download {requirement} failed: {proc.stdout[-3000:]}")
     stamp.write_text(requirement)
     return dest
 
@@ -355,12 +401,12 @@ def vllm_source_tree(version: str) -> Path:
     dest = CACHE / "vllm-src" / version
     if not (dest / "vllm" / "__init__.py").exists():
         log(f"vLLM {version} source tree: fetching the published archive")
-        proc = subprocess.run(
+        proc = run_step(
             [sys.executable, str(ROOT / "tools" / "vllm_sdist.py"), "extract", version, str(dest)],
-            text=True, capture_output=True, check=False,
+            f"vLLM {version} source tree",
         )  # fmt: skip
         if proc.returncode != 0:
-            raise SimError(f"fetching vLLM {version} sources failed: {proc.stderr[-2000:]}")
+            raise SimError(f"fetching vLLM {version} sources failed: {proc.stdout[-2000:]}")
     return dest
 
 
@@ -602,9 +648,14 @@ def load_into_nodes(image: str, nodes: list[Node]) -> None:
         )  # fmt: skip
         for n in stale
     ]
+    sent, said = 0, time.monotonic()
     while chunk := save.stdout.read(1 << 20):
         for proc in loads:
             proc.stdin.write(chunk)
+        sent += len(chunk)
+        if time.monotonic() - said >= HEARTBEAT_S:
+            said = time.monotonic()
+            log(f"{image}: {sent >> 20} MB loaded into {len(stale)} node(s) so far")
     for proc in loads:
         proc.stdin.close()
     failed = [n.name for n, p in zip(stale, loads, strict=True) if p.wait() != 0]

@@ -133,3 +133,16 @@ def test_the_tiny_model_is_made_again_when_its_inputs_change(
     with (tmp_path / "models" / changed).open("a", encoding="utf-8") as f:
         f.write("\n")
     assert simctl.tiny_model_inputs() != before
+
+
+def test_a_long_step_prints_its_steps_and_a_line_while_it_runs(simctl, capsys, monkeypatch):
+    monkeypatch.setattr(simctl, "HEARTBEAT_S", 1)
+    script = "echo 'Step 1/2 : FROM base'; sleep 2.5; echo noise; echo 'Step 2/2 : RUN x'; exit 4"
+    proc = simctl.run_step(["sh", "-c", script], "img: build", steps=r"^Step \d+/\d+ : ")
+    assert proc.returncode == 4
+    assert proc.stdout == "Step 1/2 : FROM base\nnoise\nStep 2/2 : RUN x\n"
+    said = capsys.readouterr().out.splitlines()
+    assert said[0] == "[sim] img: build: Step 1/2 : FROM base"
+    assert said[-1] == "[sim] img: build: Step 2/2 : RUN x"
+    assert "[sim] img: build: still running, 1 s so far" in said
+    assert not any("noise" in line for line in said)
