@@ -60,7 +60,10 @@ _DOCKER_TS = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d+)?Z ")
 _SOURCE = re.compile(r"^\((?P<who>[A-Za-z][\w-]*) pid=(?P<pid>\d+)(?:, ip=(?P<ip>[^)\s]+))?\)\s*")
 _REPEATED = re.compile(r"\s*\[repeated \d+x across cluster\]\s*$")
 # vLLM's logger: "INFO 11-30 06:07:38 [file.py:347] ".
-_LEVEL = re.compile(r"^(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d [\d:.]+ \[[^\]]*\]\s*")
+# uvicorn's: "INFO:     ".
+_LEVEL = re.compile(
+    r"^(?:(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d [\d:.]+ \[[^\]]*\]|(?:INFO|WARNING):)\s*"
+)
 # tqdm with vLLM's bar format: "<desc>: <pct>% Completed | k/n [elapsed<remaining, rate]";
 # plain tqdm (CUDA graphs): "<desc>: <pct>%|<bar>| k/n [elapsed<remaining, rate]".
 _BAR = re.compile(
@@ -214,6 +217,8 @@ class StartProgress:
     def summary(self) -> str:
         """One line: the phase and, while loading or capturing, each rank's k/n and rate."""
         text = PHASE_LABELS[self.phase]
+        if self.phase == "serving":
+            return text
         bars = [b for b in self.bars.values() if b["phase"] == self.phase]
         if bars:
             parts = []
