@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
-from ansible_collections.dgx_spark.cluster.plugins.module_utils import vllm_command
+from ansible_collections.dgx_spark.cluster.plugins.module_utils import vllm_command, vllm_start
 
 
 def vllm_serve_args(settings, backend, node_rank, nnodes, master_addr):
@@ -41,6 +41,11 @@ def vllm_serve_setting_errors(settings):
     return vllm_command.setting_errors(dict(settings))
 
 
+def vllm_serve_start_setting_errors(stall_timeout, health_timeout, load_format="auto"):
+    """What the start's deadlines and loader refuse, as messages naming the variables."""
+    return vllm_start.setting_errors(stall_timeout, health_timeout, load_format)
+
+
 class FilterModule:
     def filters(self):
         return {
@@ -48,4 +53,5 @@ class FilterModule:
             "vllm_serve_env": vllm_serve_env,
             "vllm_serve_parallel_error": vllm_serve_parallel_error,
             "vllm_serve_setting_errors": vllm_serve_setting_errors,
+            "vllm_serve_start_setting_errors": vllm_serve_start_setting_errors,
         }

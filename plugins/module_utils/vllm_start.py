@@ -262,3 +262,46 @@ def stall_reason(verdict: str, progress: StartProgress, now: float, stall: float
         f"the start stalled while {where}: no progress in the logs for {quiet} s "
         f"(vllm_serve_start_stall_timeout is {int(stall)} s)"
     )
+
+
+# The stall time: a phase can legitimately print nothing for minutes (one shard of a slow
+# disk, one FlashInfer JIT build on SM121), never for hours. The ceiling: at least the stall.
+STALL_RANGE = (60, 7200)
+CEILING_MAX = 86400
+LOAD_FORMAT_WORD = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+def _whole(value) -> int | None:
+    if isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return int(number) if number.is_integer() else None
+
+
+def setting_errors(stall_timeout, health_timeout, load_format="auto") -> list[str]:
+    """What the start's own settings refuse, each message naming its variable and the range."""
+    errors = []
+    stall = _whole(stall_timeout)
+    low, high = STALL_RANGE
+    if stall is None or not low <= stall <= high:
+        errors.append(
+            f"vllm_serve_start_stall_timeout is {stall_timeout!r}; allowed: whole seconds "
+            f"{low}-{high}"
+        )
+        stall = low
+    ceiling = _whole(health_timeout)
+    if ceiling is None or not stall <= ceiling <= CEILING_MAX:
+        errors.append(
+            f"vllm_serve_health_timeout is {health_timeout!r}; allowed: whole seconds from "
+            f"vllm_serve_start_stall_timeout ({stall}) to {CEILING_MAX}"
+        )
+    if not isinstance(load_format, str) or not LOAD_FORMAT_WORD.match(load_format):
+        errors.append(
+            f"vllm_serve_load_format is {load_format!r}; allowed: auto (the image's fast loader "
+            "if it has one) or a --load-format value of vLLM such as safetensors, fastsafetensors, "
+            "instanttensor"
+        )
+    return errors

@@ -178,3 +178,26 @@ def test_ceiling_reason_names_the_setting():
     reason = vllm_start.stall_reason("ceiling", progress, 3600.0, 900, 3600)
     assert reason.startswith("the start did not serve within vllm_serve_health_timeout (3600 s)")
     assert "loading weights" in reason
+
+
+@pytest.mark.parametrize(
+    ("stall", "ceiling", "load_format", "expected"),
+    [
+        (900, 3600, "auto", []),
+        ("900", "3600.0", "fastsafetensors", []),
+        (30, 3600, "auto", ["vllm_serve_start_stall_timeout is 30; allowed: whole seconds 60-7200"]),
+        (True, 3600, "auto", ["vllm_serve_start_stall_timeout is True; allowed: whole seconds 60-7200"]),
+        (900, 600, "auto", ["vllm_serve_health_timeout is 600; allowed: whole seconds from "
+                            "vllm_serve_start_stall_timeout (900) to 86400"]),
+        (900, "x", "auto", ["vllm_serve_health_timeout is 'x'; allowed: whole seconds from "
+                            "vllm_serve_start_stall_timeout (900) to 86400"]),
+    ],
+)  # fmt: skip
+def test_setting_errors(stall, ceiling, load_format, expected):
+    assert vllm_start.setting_errors(stall, ceiling, load_format) == expected
+
+
+@pytest.mark.parametrize("load_format", ["", "Fast Loader", None, "--load-format"])
+def test_setting_errors_name_the_load_format(load_format):
+    (error,) = vllm_start.setting_errors(900, 3600, load_format)
+    assert error.startswith(f"vllm_serve_load_format is {load_format!r}; allowed: auto")
