@@ -46,6 +46,11 @@ def vllm_serve_start_setting_errors(stall_timeout, health_timeout, load_format="
     return vllm_start.setting_errors(stall_timeout, health_timeout, load_format)
 
 
+def vllm_serve_load_format(setting, modules=None):
+    """[the --load-format to use ('' for vLLM's default), why], from the image's modules."""
+    return list(vllm_start.choose_load_format(str(setting), dict(modules or {})))
+
+
 class FilterModule:
     def filters(self):
         return {
@@ -54,4 +59,5 @@ class FilterModule:
             "vllm_serve_parallel_error": vllm_serve_parallel_error,
             "vllm_serve_setting_errors": vllm_serve_setting_errors,
             "vllm_serve_start_setting_errors": vllm_serve_start_setting_errors,
+            "vllm_serve_load_format": vllm_serve_load_format,
         }

@@ -305,3 +305,25 @@ def setting_errors(stall_timeout, health_timeout, load_format="auto") -> list[st
             "instanttensor"
         )
     return errors
+
+
+# The fast loaders vLLM knows by --load-format, most preferred first, with the module each
+# needs in the serving image.
+FAST_LOADERS = (("fastsafetensors", "fastsafetensors"), ("instanttensor", "instanttensor"))
+
+
+def choose_load_format(setting: str, modules: dict) -> tuple[str, str]:
+    """(the --load-format to use, '' for vLLM's default; why), from the role's setting and
+    what the serving image imported (``{module: {"version", "error"}}``)."""
+    if setting != "auto":
+        return setting, f"vllm_serve_load_format is {setting}"
+    missing = []
+    for load_format, module in FAST_LOADERS:
+        found = modules.get(module) or {}
+        if found and not found.get("error"):
+            version = found.get("version") or "version unknown"
+            return load_format, f"the serving image carries {module} ({version})"
+        missing.append(module)
+    return "", (
+        f"the serving image carries neither {' nor '.join(missing)}: vLLM's default loader"
+    )

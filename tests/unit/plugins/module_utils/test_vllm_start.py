@@ -201,3 +201,26 @@ def test_setting_errors(stall, ceiling, load_format, expected):
 def test_setting_errors_name_the_load_format(load_format):
     (error,) = vllm_start.setting_errors(900, 3600, load_format)
     assert error.startswith(f"vllm_serve_load_format is {load_format!r}; allowed: auto")
+
+
+@pytest.mark.parametrize(
+    ("setting", "modules", "expected"),
+    [
+        ("auto", {"fastsafetensors": {"version": "0.1.14", "error": None},
+                  "instanttensor": {"version": None, "error": "ModuleNotFoundError: x"}},
+         ("fastsafetensors", "the serving image carries fastsafetensors (0.1.14)")),
+        ("auto", {"fastsafetensors": {"version": None, "error": "ModuleNotFoundError: x"},
+                  "instanttensor": {"version": None, "error": None}},
+         ("instanttensor", "the serving image carries instanttensor (version unknown)")),
+        ("auto", {"fastsafetensors": {"version": None, "error": "ModuleNotFoundError: x"},
+                  "instanttensor": {"version": None, "error": "ModuleNotFoundError: y"}},
+         ("", "the serving image carries neither fastsafetensors nor instanttensor: vLLM's "
+              "default loader")),
+        ("auto", {}, ("", "the serving image carries neither fastsafetensors nor instanttensor: "
+                          "vLLM's default loader")),
+        ("safetensors", {"fastsafetensors": {"version": "1", "error": None}},
+         ("safetensors", "vllm_serve_load_format is safetensors")),
+    ],
+)  # fmt: skip
+def test_choose_load_format(setting, modules, expected):
+    assert vllm_start.choose_load_format(setting, modules) == expected
