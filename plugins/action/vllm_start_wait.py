@@ -94,7 +94,8 @@ class ActionModule(ActionBase):
 
     def _poll(self, args: dict, baseline, since: float, task_vars) -> dict:
         module_args = {
-            key: args[key] for key in ("url", "api_key", "model", "completion", "request_timeout", "watch")
+            key: args[key]
+            for key in ("url", "api_key", "model", "completion", "request_timeout", "watch")
         }
         module_args.update(
             timeout=args["poll"], fail_on_unhealthy=False, baseline=baseline, logs_since=since
@@ -135,8 +136,14 @@ class ActionModule(ActionBase):
             events = progress.feed(lines, now)
             summary = progress.summary()
             elapsed = int(now - started)
-            if events and (progress.phase, summary) != shown or now - last_print >= args["report_every"]:
-                display.display(f"[{node}] vLLM start, {elapsed // 60}m{elapsed % 60:02d}s: {summary}")
+            if (
+                events
+                and (progress.phase, summary) != shown
+                or now - last_print >= args["report_every"]
+            ):
+                display.display(
+                    f"[{node}] vLLM start, {elapsed // 60}m{elapsed % 60:02d}s: {summary}"
+                )
                 shown, last_print = (progress.phase, summary), now
             result["phase"] = progress.phase
             for key in ("healthy", "reason", "excerpt", "text"):

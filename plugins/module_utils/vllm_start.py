@@ -249,7 +249,9 @@ def stall_verdict(
     return "progressing"
 
 
-def stall_reason(verdict: str, progress: StartProgress, now: float, stall: float, ceiling: float) -> str:
+def stall_reason(
+    verdict: str, progress: StartProgress, now: float, stall: float, ceiling: float
+) -> str:
     """The user's words for a verdict that ends a start, naming the phase it stopped in."""
     quiet = int(now - max(progress.started, progress.last_progress))
     where = progress.summary()
@@ -324,6 +326,4 @@ def choose_load_format(setting: str, modules: dict) -> tuple[str, str]:
             version = found.get("version") or "version unknown"
             return load_format, f"the serving image carries {module} ({version})"
         missing.append(module)
-    return "", (
-        f"the serving image carries neither {' nor '.join(missing)}: vLLM's default loader"
-    )
+    return "", (f"the serving image carries neither {' nor '.join(missing)}: vLLM's default loader")

@@ -20,9 +20,9 @@ description:
     and builds C(AsyncEngineArgs.from_cli_args), which checks the JSON sub-configurations.
   - With O(model_config), it then builds vLLM's model configuration from the model directory
     as the engine does first (C(EngineArgs.create_model_config), from C(config.json) and the
-    tokenizer's files, no weights, no device), so the model's own limits are checked: a
+    tokenizer's files, no weights, no device), which checks the model's own limits (a
     C(--max-model-len) beyond what the model allows, an architecture or a quantization this
-    vLLM cannot build, a C(config.json) the image's transformers cannot read. The model must
+    vLLM cannot build, a C(config.json) the image's transformers cannot read). The model must
     be mounted (O(volumes)) where the ranks see it; without a C(config.json) there the step is
     skipped and RV(model_config) says so.
   - It also reads vLLM's registries of reasoning parsers and tool-call parsers and checks
@@ -258,7 +258,10 @@ def ask_image(client, node: str, params: dict) -> tuple[str, dict]:
     probe = {
         "entrypoint": args_probe_entrypoint,
         "command": [args_probe_request(params["args"], params["model_config"])],
-        "environment": {"HF_HUB_OFFLINE": "1", **{str(k): str(v) for k, v in params["env"].items()}},
+        "environment": {
+            "HF_HUB_OFFLINE": "1",
+            **{str(k): str(v) for k, v in params["env"].items()},
+        },
         "volumes": read_only(params["volumes"]),
         "timeout": params["timeout"],
         "label": "vllm_args_check",

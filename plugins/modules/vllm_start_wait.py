@@ -11,7 +11,7 @@ module: vllm_start_wait
 short_description: Wait for a vLLM start, showing its phases, and judge it by stalls
 version_added: "0.1.0"
 description:
-  - An action: it runs on the controller and polls the node in short calls of
+  - An action, run on the controller, that polls the node in short calls of
     M(dgx_spark.cluster.vllm_endpoint), which asks the endpoint, watches the serving
     containers O(watch) and returns their new log lines.
   - From vLLM's own log lines it knows the start's phase (waiting for the peers and Ray's

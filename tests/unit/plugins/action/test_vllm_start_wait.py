@@ -53,13 +53,17 @@ def test_a_slow_start_that_progresses_serves_past_the_old_deadline(monkeypatch):
     shard = "2026-12-01T10:{:02d}:{:02d}.000000000Z Loading safetensors checkpoint shards: " \
             "{:3d}% Completed | {}/80 [00:00<00:00, 30.00s/it]"  # fmt: skip
     answers = [_log([shard.format(k // 2, 30 * (k % 2), k * 100 // 80, k)]) for k in range(81)]
-    serving = "2026-12-01T10:41:00.000000000Z (APIServer pid=1) INFO:     Application startup complete."
+    serving = (
+        "2026-12-01T10:41:00.000000000Z (APIServer pid=1) INFO:     Application startup complete."
+    )
     answers.append(_log([serving]) | {"healthy": True, "timed_out": False, "reason": ""})
     result, printed, _ = _run(monkeypatch, answers, Clock(), step=30, stall_timeout=900,
                               timeout=3600)  # fmt: skip
     assert result["healthy"] and result["reason"] == ""
     assert result["phase"] == "serving"
-    assert printed[0] == "[spark-1] vLLM start, 0m30s: loading weights: driver 0/80 shards, 30.00s/it"
+    assert (
+        printed[0] == "[spark-1] vLLM start, 0m30s: loading weights: driver 0/80 shards, 30.00s/it"
+    )
     assert printed[-2] == (
         "[spark-1] vLLM start, 40m30s: loading weights: driver 80/80 shards, 30.00s/it"
     )

@@ -185,8 +185,10 @@ def test_ceiling_reason_names_the_setting():
     [
         (900, 3600, "auto", []),
         ("900", "3600.0", "fastsafetensors", []),
-        (30, 3600, "auto", ["vllm_serve_start_stall_timeout is 30; allowed: whole seconds 60-7200"]),
-        (True, 3600, "auto", ["vllm_serve_start_stall_timeout is True; allowed: whole seconds 60-7200"]),
+        (30, 3600, "auto", ["vllm_serve_start_stall_timeout is 30; allowed: whole seconds "
+                            "60-7200"]),
+        (True, 3600, "auto", ["vllm_serve_start_stall_timeout is True; allowed: whole seconds "
+                              "60-7200"]),
         (900, 600, "auto", ["vllm_serve_health_timeout is 600; allowed: whole seconds from "
                             "vllm_serve_start_stall_timeout (900) to 86400"]),
         (900, "x", "auto", ["vllm_serve_health_timeout is 'x'; allowed: whole seconds from "
