@@ -104,15 +104,14 @@ def test_a_container_that_exits_ends_the_wait_at_once(monkeypatch):
 
 def test_lines_seen_in_an_earlier_poll_are_skipped_and_since_advances(monkeypatch):
     first = RAY_SIM[:12]
-    answers = [_log(first), _log(first + RAY_SIM[12:14]), _log([RAY_SIM[-1]]) | {"healthy": True}]
+    answers = [_log(first), _log(first + RAY_SIM[12:13]), _log([RAY_SIM[-1]]) | {"healthy": True}]
     result, printed, polls = _run(monkeypatch, answers, Clock(), step=5)
     assert result["healthy"]
     assert polls[0] == 0.0
     assert polls[1] == pytest.approx(vllm_start_wait.vllm_start.split_line(first[-1])[0])
     assert printed == [
         "[spark-1] vLLM start, 0m05s: loading weights: 10.0.0.1 0/2 shards",
-        "[spark-1] vLLM start, 0m10s: loading weights: 10.0.0.1 1/2 shards, 30.00s/it; "
-        "10.0.0.2 0/2 shards",
+        "[spark-1] vLLM start, 0m10s: loading weights: 10.0.0.1 1/2 shards, 30.00s/it",
         "[spark-1] vLLM start, 0m15s: serving",
     ]
 
