@@ -141,9 +141,9 @@ def classify(message: str) -> dict | None:
     ``{"phase", "progress", "text"}``; a progress bar adds ``bar`` (``desc``, ``k``, ``n``,
     ``rate``).
     """
-    bar = _BAR.match(message)
-    if bar:
-        desc = bar.group("desc").strip()
+    meter = _BAR.match(message)
+    if meter:
+        desc = meter.group("desc").strip()
         if _WEIGHT_BARS.search(desc):
             phase = "weights"
         elif "graph" in desc.lower():
@@ -152,10 +152,10 @@ def classify(message: str) -> dict | None:
             return None
         info = {
             "desc": desc,
-            "k": int(bar.group("k")),
-            "n": int(bar.group("n")),
-            "rate": (bar.group("rate") or "").strip(),
-            "elapsed": (bar.group("elapsed") or "").strip(),
+            "k": int(meter.group("k")),
+            "n": int(meter.group("n")),
+            "rate": (meter.group("rate") or "").strip(),
+            "elapsed": (meter.group("elapsed") or "").strip(),
         }
         return {"phase": phase, "progress": True, "text": message, "bar": info}
     for phase, pattern, progress in _LINES:
@@ -198,10 +198,10 @@ class StartProgress:
                 if PHASES.index(event["phase"]) >= PHASES.index(self.phase):
                     self.phase = event["phase"]
                 continue
-            bar = event.get("bar")
-            if bar:
-                key = (who, bar["desc"], bar["k"], bar["n"])
-                self.bars[(who, bar["desc"])] = {**bar, "phase": event["phase"], "rank": who}
+            meter = event.get("bar")
+            if meter:
+                key = (who, meter["desc"], meter["k"], meter["n"])
+                self.bars[(who, meter["desc"])] = {**meter, "phase": event["phase"], "rank": who}
             else:
                 key = (who, event["phase"], re.sub(r"[\d.,]+", "#", message))
             if key in self._seen:
@@ -222,10 +222,10 @@ class StartProgress:
         bars = [b for b in self.bars.values() if b["phase"] == self.phase]
         if bars:
             parts = []
-            for bar in sorted(bars, key=lambda b: b["rank"]):
-                rate = f", {bar['rate']}" if bar["rate"] and "?" not in bar["rate"] else ""
+            for meter in sorted(bars, key=lambda b: b["rank"]):
+                rate = f", {meter['rate']}" if meter["rate"] and "?" not in meter["rate"] else ""
                 what = "shards" if self.phase == "weights" else "graphs"
-                parts.append(f"{_rank_name(bar['rank'])} {bar['k']}/{bar['n']} {what}{rate}")
+                parts.append(f"{_rank_name(meter['rank'])} {meter['k']}/{meter['n']} {what}{rate}")
             text += ": " + "; ".join(parts)
         elif self.waiting:
             text += f" ({self.waiting[:160]})"

@@ -57,7 +57,7 @@ def test_a_slow_start_that_progresses_serves_past_the_old_deadline(monkeypatch):
         "2026-12-01T10:41:00.000000000Z (APIServer pid=1) INFO:     Application startup complete."
     )
     answers.append(_log([serving]) | {"healthy": True, "timed_out": False, "reason": ""})
-    result, printed, _ = _run(monkeypatch, answers, Clock(), step=30, stall_timeout=900,
+    result, printed, _polls = _run(monkeypatch, answers, Clock(), step=30, stall_timeout=900,
                               timeout=3600)  # fmt: skip
     assert result["healthy"] and result["reason"] == ""
     assert result["phase"] == "serving"
@@ -74,7 +74,9 @@ def test_a_stalled_start_is_judged_within_the_stall_time_naming_the_phase(monkey
     answers = [_log(STALLED), _log([])]
     clock = Clock()
     start = clock.now
-    result, printed, _ = _run(monkeypatch, answers, clock, step=10, stall_timeout=120, timeout=3600)
+    result, printed, _polls = _run(
+        monkeypatch, answers, clock, step=10, stall_timeout=120, timeout=3600
+    )
     assert not result["healthy"] and result["stalled"] is True
     assert result["phase"] == "weights"
     assert result["reason"] == (
@@ -91,14 +93,16 @@ def test_a_stalled_start_is_judged_within_the_stall_time_naming_the_phase(monkey
 def test_the_ceiling_ends_a_start_that_still_progresses(monkeypatch):
     shard = "Loading safetensors checkpoint shards: 1% Completed | {}/999 [00:00<00:00, 1s/it]"
     answers = [_log([shard.format(k)]) for k in range(999)]
-    result, _, _ = _run(monkeypatch, answers, Clock(), step=10, stall_timeout=900, timeout=300)
+    result, _printed, _polls = _run(
+        monkeypatch, answers, Clock(), step=10, stall_timeout=900, timeout=300
+    )
     assert result["stalled"] is False
     assert result["reason"].startswith("the start did not serve within vllm_serve_health_timeout")
 
 
 def test_a_container_that_exits_ends_the_wait_at_once(monkeypatch):
     answers = [{"timed_out": False, "reason": "vllm exited", "excerpt": "ValueError: bad"}]
-    result, _, _ = _run(monkeypatch, answers, Clock(), step=3)
+    result, _printed, _polls = _run(monkeypatch, answers, Clock(), step=3)
     assert result["reason"] == "vllm exited" and result["excerpt"] == "ValueError: bad"
 
 
@@ -119,7 +123,9 @@ def test_lines_seen_in_an_earlier_poll_are_skipped_and_since_advances(monkeypatc
 def test_a_follower_takes_the_leaders_verdict(monkeypatch, tmp_path):
     monkeypatch.setattr(vllm_start_wait.C, "DEFAULT_LOCAL_TMP", str(tmp_path))
     vllm_start_wait.write_verdict("g", 1_000_000.0, {"healthy": False, "reason": "head exited"})
-    result, _, _ = _run(monkeypatch, [_log([])], Clock(), step=5, group="g", leader=False)
+    result, _printed, _polls = _run(
+        monkeypatch, [_log([])], Clock(), step=5, group="g", leader=False
+    )
     assert result == result | {"healthy": False, "reason": "head exited"}
 
 

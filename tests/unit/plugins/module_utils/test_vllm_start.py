@@ -46,7 +46,7 @@ def test_ray_start_goes_through_every_phase_in_order():
 
 
 def test_ray_actor_lines_are_told_apart_by_address():
-    _, events = _replay(RAY_SIM)
+    _progress, events = _replay(RAY_SIM)
     # only rank 0 draws the shard bar; both ranks say when they start loading
     assert {e["rank"] for e in events if e.get("bar")} == {"RayWorkerWrapper@10.0.0.1"}
     loading = {e["rank"] for e in events if e["text"].startswith("Starting to load model")}
@@ -123,7 +123,7 @@ def test_split_line_strips_docker_time_prefixes_and_ray_dedup():
 
 
 def test_split_line_keeps_the_last_drawing_of_a_tqdm_line():
-    _, source, message = vllm_start.split_line(
+    _stamp, source, message = vllm_start.split_line(
         "Loading safetensors checkpoint shards:   0% Completed | 0/2 [00:00<?, ?it/s]\r"
         "Loading safetensors checkpoint shards:  50% Completed | 1/2 [00:03<00:03, 3.0s/it]\r"
     )
@@ -162,7 +162,7 @@ def test_a_slow_start_that_progresses_outlives_the_old_deadline():
 
 
 def test_stalled_start_names_the_phase_and_the_shards():
-    progress, _ = _replay(STALLED)
+    progress, _events = _replay(STALLED)
     now = progress.last_progress + 900
     verdict = vllm_start.stall_verdict(now, 0.0, progress.last_progress, 900, 3600)
     assert verdict == "stalled"
@@ -174,7 +174,7 @@ def test_stalled_start_names_the_phase_and_the_shards():
 
 
 def test_ceiling_reason_names_the_setting():
-    progress, _ = _replay(STALLED)
+    progress, _events = _replay(STALLED)
     reason = vllm_start.stall_reason("ceiling", progress, 3600.0, 900, 3600)
     assert reason.startswith("the start did not serve within vllm_serve_health_timeout (3600 s)")
     assert "loading weights" in reason
