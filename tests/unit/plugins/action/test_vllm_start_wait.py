@@ -57,8 +57,9 @@ def test_a_slow_start_that_progresses_serves_past_the_old_deadline(monkeypatch):
         "2026-12-01T10:41:00.000000000Z (APIServer pid=1) INFO:     Application startup complete."
     )
     answers.append(_log([serving]) | {"healthy": True, "timed_out": False, "reason": ""})
-    result, printed, _polls = _run(monkeypatch, answers, Clock(), step=30, stall_timeout=900,
-                              timeout=3600)  # fmt: skip
+    result, printed, _polls = _run(
+        monkeypatch, answers, Clock(), step=30, stall_timeout=900, timeout=3600
+    )
     assert result["healthy"] and result["reason"] == ""
     assert result["phase"] == "serving"
     assert (
