@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
-from ansible_collections.dgx_spark.cluster.plugins.module_utils import vllm_command
+from ansible_collections.dgx_spark.cluster.plugins.module_utils import vllm_command, vllm_start
 
 
 def vllm_serve_args(settings, backend, node_rank, nnodes, master_addr):
@@ -41,6 +41,16 @@ def vllm_serve_setting_errors(settings):
     return vllm_command.setting_errors(dict(settings))
 
 
+def vllm_serve_start_setting_errors(stall_timeout, health_timeout, load_format="auto"):
+    """What the start's deadlines and loader refuse, as messages naming the variables."""
+    return vllm_start.setting_errors(stall_timeout, health_timeout, load_format)
+
+
+def vllm_serve_load_format(setting, modules=None):
+    """[the --load-format to use ('' for vLLM's default), why], from the image's modules."""
+    return list(vllm_start.choose_load_format(str(setting), dict(modules or {})))
+
+
 class FilterModule:
     def filters(self):
         return {
@@ -48,4 +58,6 @@ class FilterModule:
             "vllm_serve_env": vllm_serve_env,
             "vllm_serve_parallel_error": vllm_serve_parallel_error,
             "vllm_serve_setting_errors": vllm_serve_setting_errors,
+            "vllm_serve_start_setting_errors": vllm_serve_start_setting_errors,
+            "vllm_serve_load_format": vllm_serve_load_format,
         }

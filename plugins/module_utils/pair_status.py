@@ -33,6 +33,9 @@ def _parse_time(value: str | None) -> datetime | None:
     return datetime.fromisoformat(f"{base}.{micro}{zone}")
 
 
+LOAD_FORMAT_LABEL = "dgx_spark.cluster.load_format"
+
+
 def container_status(inspect: dict | None, now: str) -> dict:
     """State, health, uptime and restarts of one container from its ``docker inspect``."""
     if not inspect:
@@ -55,6 +58,8 @@ def container_status(inspect: dict | None, now: str) -> dict:
         "restarts": inspect.get("RestartCount", 0),
         "exit_code": None if state.get("Running") else state.get("ExitCode"),
         "image_id": inspect.get("Image"),
+        # The serving role's choice of weight loader and its reason (a label of the ranks).
+        "load_format": ((inspect.get("Config") or {}).get("Labels") or {}).get(LOAD_FORMAT_LABEL),
     }
 
 
@@ -235,6 +240,7 @@ def cluster_report(nodes: dict, head: str, endpoint: dict | None, ray: dict | No
         "metrics": endpoint.get("metrics"),
         "ray": ray,
         "image": image,
+        "load_format": ((report_nodes.get(head) or {}).get("serving") or {}).get("load_format"),
         "image_id": next(iter(ids)) if images_match else None,
         "image_ids_match": images_match,
         "image_builds_match": builds_match,
@@ -349,6 +355,7 @@ def render(report: dict) -> list[str]:
                                  f"{_number(metrics.get('requests_errored'))} errored"],
         ["Ray", ray_text],
         ["watchdog", _watchdog_text(cluster.get("watchdogs") or {})],
+        ["weight loader", cluster.get("load_format") or "-"],
         [cluster.get("image") or "image", images],
     ]  # fmt: skip
     lines = ["cluster"] + ["  " + line for line in _table(cluster_rows)]

@@ -39,7 +39,21 @@ EXTRA_SETTING = "vllm_serve_extra_args"
 REASONING_SETTING = "vllm_serve_reasoning_parser"
 TOOL_SETTING = "vllm_serve_tool_call_parser"
 
-STAGES = ("import", "parser", "parse", "validate", "plugins", "engine_args")
+STAGES = ("import", "parser", "parse", "validate", "plugins", "engine_args", "model_config")
+
+# What a refusal of the model's configuration is about, when it names no flag: the model's
+# own limits (a field of vLLM's ModelConfig), what the image's vLLM cannot build, or else
+# the model directory itself (a config.json this transformers cannot read).
+_MODEL_FIELDS = (
+    (re.compile(r"max_model_len"), "--max-model-len"),
+    (re.compile(r"max_num_batched_tokens"), "--max-num-batched-tokens"),
+    (re.compile(r"\bdtype\b"), "--dtype"),
+)
+_IMAGE_LIMITS = re.compile(
+    r"quantization|architectures? .*(?:not supported|are not supported|cannot be)"
+    r"|not supported for now|Model architectures",
+    re.IGNORECASE,
+)
 
 # What a message quotes of vLLM's own words, at most.
 MESSAGE_LIMIT = 400
@@ -207,14 +221,36 @@ for name, modules, cls_name, eager, lazy in REGISTRIES:
     doc["registries"][name] = read_registry(modules, cls_name, eager, lazy)
 timed("registries", started)
 
+engine_args = None
 if args is not None:
     started = time.monotonic()
     try:
         from vllm.engine.arg_utils import AsyncEngineArgs
-        AsyncEngineArgs.from_cli_args(args)
+        engine_args = AsyncEngineArgs.from_cli_args(args)
     except BaseException as exc:
         doc["errors"]["engine_args"] = describe(exc)
     timed("engine_args", started)
+
+# The model's configuration as the engine builds it first, from config.json and the
+# tokenizer's files (no weights, no device): the model's own length limit, its architecture
+# in this vLLM's registry, its quantization, a config this transformers cannot read.
+if engine_args is not None and REQUEST.get("model_config"):
+    started = time.monotonic()
+    model = str(getattr(engine_args, "model", "") or "")
+    if not os.path.isfile(os.path.join(model, "config.json")):
+        doc["model_config"] = "skipped: %s has no config.json in the probe" % model
+    else:
+        try:
+            config = engine_args.create_model_config()
+            doc["model_config"] = {
+                "max_model_len": getattr(config, "max_model_len", None),
+                "architectures": list(getattr(config, "architectures", None) or []),
+                "quantization": getattr(config, "quantization", None),
+                "dtype": str(getattr(config, "dtype", "")),
+            }
+        except BaseException as exc:
+            doc["errors"]["model_config"] = describe(exc)
+    timed("model_config", started)
 emit(doc)
 """
 ARGS_PROBE_SOURCE = _ARGS_PROBE_TEMPLATE.replace("__MARKER__", repr(PROBE_MARKER))
@@ -224,11 +260,15 @@ def args_probe_entrypoint(python: str) -> list[str]:
     return [python, "-c", ARGS_PROBE_SOURCE]
 
 
-def args_probe_request(args: list) -> str:
-    """The JSON argument of ``ARGS_PROBE_SOURCE``: the arguments after ``vllm serve``."""
+def args_probe_request(args: list, model_config: bool = False) -> str:
+    """The JSON argument of ``ARGS_PROBE_SOURCE``: the arguments after ``vllm serve`` and
+    whether to build the model's configuration from the model directory."""
     if not isinstance(args, (list, tuple)):
         raise ValueError("args must be a list")
-    return json.dumps({"args": [str(a) for a in args]})
+    request = {"args": [str(a) for a in args]}
+    if model_config:
+        request["model_config"] = True
+    return json.dumps(request)
 
 
 def read_only(volumes: list) -> list[str]:
@@ -336,6 +376,17 @@ def _parser_problem(
     )  # fmt: skip
 
 
+def _model_config_setting(message: str, args: list) -> tuple[str, str | None]:
+    """(setting, flag) a refusal of the model's configuration is about."""
+    given = {str(a).split("=", 1)[0] for a in args}
+    for pattern, flag in _MODEL_FIELDS:
+        if pattern.search(message) and flag in given:
+            return setting_for_flag(flag), flag
+    if _IMAGE_LIMITS.search(message):
+        return "vllm_serve_image", None
+    return MODEL_SETTING, None
+
+
 def judge(doc: dict, args: list) -> list[dict]:
     """What the image's vLLM refuses in ``args``, each naming the vllm_serve setting.
 
@@ -357,7 +408,7 @@ def judge(doc: dict, args: list) -> list[dict]:
                 )  # fmt: skip
             )
             return problems
-    for stage in ("parse", "validate", "plugins", "engine_args"):
+    for stage in ("parse", "validate", "plugins", "engine_args", "model_config"):
         message = errors.get(stage)
         if not message:
             continue
@@ -365,6 +416,8 @@ def judge(doc: dict, args: list) -> list[dict]:
         flag = flags[0] if flags else None
         # A message that names no argument is the whole command line's.
         setting = setting_for_flag(flag) if flag else None
+        if stage == "model_config" and not flag:
+            setting, flag = _model_config_setting(message, args)
         problems.append(_problem(setting, flag, stage, trim(message)))
     named = {p["setting"] for p in problems}
     registries = doc.get("registries") or {}

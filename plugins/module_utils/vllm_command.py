@@ -33,6 +33,7 @@ MANAGED_FLAGS = {
     "--master-port": "vllm_serve_master_port",
     "--headless": "vllm_serve_backend (workers of multinode)",
     "--max-model-len": "vllm_serve_max_model_len",
+    "--load-format": "vllm_serve_load_format",
     "--gpu-memory-utilization": "vllm_serve_gpu_memory_utilization",
     "--max-num-batched-tokens": "vllm_serve_max_num_batched_tokens",
     "--enable-prefix-caching": "vllm_serve_enable_prefix_caching",
@@ -152,6 +153,9 @@ def serve_args(
     _flag(args, "max-model-len", settings.get("max_model_len"))
     _flag(args, "gpu-memory-utilization", settings.get("gpu_memory_utilization"))
     _flag(args, "max-num-batched-tokens", settings.get("max_num_batched_tokens"))
+    # "auto" is vLLM's own default: no flag (the role resolves its own "auto" before).
+    if settings.get("load_format") not in (None, "", "auto"):
+        _flag(args, "load-format", settings["load_format"])
     _flag(args, "enable-prefix-caching", bool(settings.get("enable_prefix_caching")))
     speculative = settings.get("speculative_config") or {}
     if speculative:

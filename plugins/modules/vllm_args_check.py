@@ -18,6 +18,13 @@ description:
     (C(vllm.entrypoints.cli.serve), which calls vLLM's own C(make_arg_parser)), parses the
     arguments, runs the CLI's C(validate), imports the parser plugins the arguments name,
     and builds C(AsyncEngineArgs.from_cli_args), which checks the JSON sub-configurations.
+  - With O(model_config), it then builds vLLM's model configuration from the model directory
+    as the engine does first (C(EngineArgs.create_model_config), from C(config.json) and the
+    tokenizer's files, no weights, no device), which checks the model's own limits (a
+    C(--max-model-len) beyond what the model allows, an architecture or a quantization this
+    vLLM cannot build, a C(config.json) the image's transformers cannot read). The model must
+    be mounted (O(volumes)) where the ranks see it; without a C(config.json) there the step is
+    skipped and RV(model_config) says so.
   - It also reads vLLM's registries of reasoning parsers and tool-call parsers and checks
     the names given with C(--reasoning-parser) and C(--tool-call-parser) against them. A
     registry that cannot be read is a refusal, never a silent pass.
@@ -81,6 +88,11 @@ options:
         gives up on it.
     type: int
     default: 300
+  model_config:
+    description:
+      - Also build vLLM's model configuration from the model directory the arguments name.
+    type: bool
+    default: true
   fail_on_refusal:
     description:
       - Fail when vLLM refuses the arguments, with a message that names each setting.
@@ -88,9 +100,9 @@ options:
     type: bool
     default: true
 notes:
-  - The probe runs without GPUs and without a network, as the image's user. A check that
-    vLLM makes only once it knows the device or the model (memory, the context length
-    against the model's, quantization) is not made here; the role's rollback covers those.
+  - The probe runs without GPUs and without a network (E(HF_HUB_OFFLINE=1) unless O(env) says
+    otherwise), as the image's user. A check that vLLM makes only once it knows the device
+    (memory, the KV cache) is not made here; the role's rollback covers those.
 seealso:
   - module: dgx_spark.cluster.vllm_registry_info
   - name: vLLM engine arguments
@@ -163,7 +175,9 @@ problems:
       (V(vllm_serve_extra_args) for flags the role does not manage, V(vllm_serve_image) when
       the image's vLLM cannot be asked at all); C(flag) the argument, or null; C(stage) where
       it was refused (V(import), V(parser), V(parse), V(validate), V(plugins),
-      V(engine_args), V(registry)); C(message) vLLM's words, trimmed.
+      V(engine_args), V(model_config), V(registry)); C(message) vLLM's words, trimmed; a
+      refusal of the model's configuration names V(vllm_serve_image) for what the image's vLLM
+      cannot build, else the setting it is about or V(vllm_serve_model_path).
   returned: always
   type: list
   elements: dict
@@ -192,6 +206,15 @@ seconds:
   returned: always
   type: float
   sample: 6.4
+model_config:
+  description:
+    - What vLLM's model configuration says of the model (C(max_model_len), C(architectures),
+      C(quantization), C(dtype)); a string when the step was skipped; null when it was not
+      asked for or vLLM refused (see RV(problems), stage V(model_config)).
+  returned: always
+  type: raw
+  sample: {"max_model_len": 2048, "architectures": ["Qwen3MoeForCausalLM"],
+           "quantization": null, "dtype": "torch.bfloat16"}
 timings:
   description: Seconds of each step of the probe.
   returned: always
@@ -234,8 +257,11 @@ def ask_image(client, node: str, params: dict) -> tuple[str, dict]:
     """(image ID, probe document), with errors named for the user."""
     probe = {
         "entrypoint": args_probe_entrypoint,
-        "command": [args_probe_request(params["args"])],
-        "environment": {str(k): str(v) for k, v in params["env"].items()},
+        "command": [args_probe_request(params["args"], params["model_config"])],
+        "environment": {
+            "HF_HUB_OFFLINE": "1",
+            **{str(k): str(v) for k, v in params["env"].items()},
+        },
         "volumes": read_only(params["volumes"]),
         "timeout": params["timeout"],
         "label": "vllm_args_check",
@@ -264,6 +290,7 @@ def run_module(params: dict, node: str) -> dict:
         "refused": bool(problems),
         "problems": problems,
         "registries": doc.get("registries") or {},
+        "model_config": doc.get("model_config"),
         "seconds": doc.get("seconds"),
         "timings": doc.get("timings") or {},
     }
@@ -286,6 +313,7 @@ def main() -> None:
                 "fallback": (env_fallback, ["DOCKER_HOST"]),
             },
             "timeout": {"type": "int", "default": 300},
+            "model_config": {"type": "bool", "default": True},
             "fail_on_refusal": {"type": "bool", "default": True},
         },
         supports_check_mode=True,

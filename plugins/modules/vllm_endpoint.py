@@ -65,6 +65,20 @@ options:
     description: Fail the task when the endpoint does not serve; off, only report.
     type: bool
     default: true
+  baseline:
+    description:
+      - The states of the watched containers (RV(states) of an earlier call) to judge a
+        restart or an exit against; by default their states when this call begins.
+      - The C(dgx_spark.cluster.vllm_start_wait) action polls in short calls and passes the
+        first call's states on, so a container that restarted between two calls is seen.
+    type: dict
+  logs_since:
+    description:
+      - With a value of 0 or more, also return the watched containers' log lines written
+        since that time (seconds since the epoch, whole seconds), each with Docker's
+        timestamp (RV(logs)).
+    type: float
+    default: -1
 """
 
 EXAMPLES = r"""
@@ -107,6 +121,21 @@ text:
   description: The completion's text, when one came back.
   returned: always
   type: str
+timed_out:
+  description: The call ended because O(timeout) passed, not for a reason of its own.
+  returned: always
+  type: bool
+states:
+  description: The watched containers' states the call judged against (see O(baseline)).
+  returned: always
+  type: dict
+logs:
+  description:
+    - The watched containers' log lines since O(logs_since), by container, each starting with
+      Docker's timestamp; empty unless O(logs_since) is 0 or more.
+  returned: always
+  type: dict
+  sample: {"dgx-spark-vllm": ["2026-12-01T10:00:46.3Z (APIServer pid=1) INFO ..."]}
 """
 
 # Ansible's layout puts the documentation before the imports, hence the noqa: E402.
@@ -122,6 +151,9 @@ try:
     import docker
 except ImportError:
     docker = None
+
+# At most this many log lines come back from one call (a poll sees a few seconds of them).
+LOG_LINES = 2000
 
 
 def _http(url: str, body: dict | None, headers: dict, timeout: float) -> tuple[int, dict | None]:
@@ -170,14 +202,26 @@ def _log_excerpt(client, names: list[str]) -> str:
     return " || ".join(parts)
 
 
+def _logs_since(client, names: list[str], since: float) -> dict:
+    logs = {}
+    for name in names:
+        try:
+            raw = client.api.logs(name, timestamps=True, since=int(since), tail=LOG_LINES)
+        except docker.errors.APIError:
+            continue
+        logs[name] = raw.decode("utf-8", "replace").splitlines()
+    return logs
+
+
 def wait(params: dict, client) -> dict:
     base = params["url"].rstrip("/")
     headers = {"Authorization": f"Bearer {params['api_key']}"} if params["api_key"] else {}
     started = time.monotonic()
     deadline = started + params["timeout"]
-    before = _states(client, params["watch"]) if client else {}
+    before = params.get("baseline") or (_states(client, params["watch"]) if client else {})
     missing = sorted(set(params["watch"]) - set(before))
-    result = {"healthy": False, "reason": "", "excerpt": "", "text": ""}
+    result = {"healthy": False, "reason": "", "excerpt": "", "text": "", "states": before,
+              "timed_out": False}  # fmt: skip
     if missing:
         result["reason"] = f"{', '.join(missing)} not found"
         return result
@@ -208,6 +252,7 @@ def wait(params: dict, client) -> dict:
         if time.monotonic() >= deadline:
             what = "a one-token completion" if params["completion"] else "/health"
             result["reason"] = f"no answer to {what} within {params['timeout']} s"
+            result["timed_out"] = True
             return result
         time.sleep(2)
 
@@ -224,6 +269,8 @@ def main() -> None:
             "request_timeout": {"type": "int", "default": 60},
             "watch": {"type": "list", "elements": "str", "default": []},
             "fail_on_unhealthy": {"type": "bool", "default": True},
+            "baseline": {"type": "dict"},
+            "logs_since": {"type": "float", "default": -1},
         },
         required_if=[("completion", True, ("model",))],
         supports_check_mode=True,
@@ -236,6 +283,9 @@ def main() -> None:
     started = time.monotonic()
     result = wait(module.params, client)
     result["seconds"] = round(time.monotonic() - started, 1)
+    result["logs"] = {}
+    if client and module.params["logs_since"] >= 0:
+        result["logs"] = _logs_since(client, module.params["watch"], module.params["logs_since"])
     if not result["healthy"] and module.params["fail_on_unhealthy"]:
         detail = f": {result['excerpt']}" if result["excerpt"] else ""
         module.fail_json(msg=f"the endpoint does not serve ({result['reason']}){detail}", **result)

@@ -10,7 +10,10 @@ it restarts the head's serving container (under vLLM's Ray executor the whole gr
 ranks are that driver's actors and die with it). The start-up grace ends as soon as the
 started group has answered a probe or its API server's ``/health`` has answered (weights
 loaded, engine up): a rank that freezes right after a start is judged at once, not after the
-grace. After ``max_restarts`` restarts within
+grace. While it starts, the grace lasts as long as the container's log shows progress (a new
+phase, one more shard, a compile step: ``vllm_start.py``, installed beside this script): it
+ends after ``stall`` seconds without progress, or ``grace`` seconds after the start however
+it progresses. After ``max_restarts`` restarts within
 ``window`` seconds it gives up loudly: it stops restarting and says so in its state file
 (``state: gave-up``, with the reason), which ``playbooks/status.yml`` shows, instead of
 looping silently.
@@ -34,6 +37,10 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+# vllm_start.py (the collection's module_utils) is installed beside this script.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import vllm_start  # noqa: E402
+
 
 @dataclass
 class Watch:
@@ -48,6 +55,9 @@ class Watch:
     gave_up: str = ""
     last_answer: float | None = None
     last_up: float | None = None
+    # Without progress in the log for this long a start is past its grace (grace: the ceiling).
+    stall: float | None = None
+    last_progress: float | None = None
 
     def decide(self, now: float, answered: bool, started_at: float | None, up: bool = False) -> str:
         """'ok', 'wait', 'restart' or 'give-up' after one probe at ``now``.
@@ -82,9 +92,14 @@ class Watch:
     def starting(self, now: float, started_at: float | None) -> bool:
         """Within the start-up grace of the container started at ``started_at``: neither an
         answer nor an up ``/health`` seen since that start."""
-        if started_at is None or now - started_at >= self.grace:
+        if started_at is None:
             return False
-        return not any(t is not None and t >= started_at for t in (self.last_answer, self.last_up))
+        if any(t is not None and t >= started_at for t in (self.last_answer, self.last_up)):
+            return False
+        stall = self.grace if self.stall is None else self.stall
+        progress = max(started_at, self.last_progress or started_at)
+        verdict = vllm_start.stall_verdict(now, started_at, progress, stall, self.grace)
+        return verdict == "progressing"
 
 
 class DockerSocket(http.client.HTTPConnection):
@@ -107,6 +122,46 @@ def docker(sock: str, method: str, path: str) -> tuple[int, dict]:
         return answer.status, (json.loads(raw) if raw.strip().startswith(b"{") else {})
     finally:
         conn.close()
+
+
+def docker_raw(sock: str, path: str) -> tuple[int, bytes]:
+    conn = DockerSocket(sock)
+    try:
+        conn.request("GET", path)
+        answer = conn.getresponse()
+        return answer.status, answer.read()
+    finally:
+        conn.close()
+
+
+def demux(raw: bytes) -> str:
+    """The text of a container's log as the Engine API sends it: framed per stream (8-byte
+    headers) unless the container has a TTY."""
+    if len(raw) < 8 or raw[0] not in (0, 1, 2) or raw[1:4] != b"\0\0\0":
+        return raw.decode("utf-8", "replace")
+    out, at = [], 0
+    while at + 8 <= len(raw):
+        size = int.from_bytes(raw[at + 4 : at + 8], "big")
+        out.append(raw[at + 8 : at + 8 + size])
+        at += 8 + size
+    return b"".join(out).decode("utf-8", "replace")
+
+
+def new_log_lines(sock: str, container: str, after: float) -> list[str]:
+    """The container's log lines stamped after ``after`` (Docker's clock, this host's)."""
+    query = f"stdout=1&stderr=1&timestamps=1&since={int(after)}"
+    status, raw = docker_raw(sock, f"/containers/{container}/logs?{query}")
+    if status != 200:
+        return []
+    lines = []
+    for line in demux(raw).splitlines():
+        try:
+            stamp = vllm_start.split_line(line)[0]
+        except ValueError:
+            stamp = None
+        if stamp is None or stamp > after:
+            lines.append(line)
+    return lines
 
 
 def started_at(sock: str, container: str) -> float | None:
@@ -163,27 +218,42 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--start-interval", type=float, default=2)
     parser.add_argument("--timeout", type=float, default=30)
     parser.add_argument("--failures", type=int, default=3)
-    parser.add_argument("--grace", type=float, default=600)
+    parser.add_argument("--grace", type=float, default=3600)
+    parser.add_argument("--stall", type=float, default=900)
     parser.add_argument("--max-restarts", type=int, default=3)
     parser.add_argument("--window", type=float, default=1800)
     args = parser.parse_args(argv)
-    watch = Watch(args.failures, args.grace, args.max_restarts, args.window)
+    watch = Watch(args.failures, args.grace, args.max_restarts, args.window, stall=args.stall)
+    progress, read_until = None, 0.0
     while True:
         key = json.loads(args.auth.read_text())["key"] if args.auth and args.auth.exists() else ""
         since = started_at(args.docker_socket, args.container)
+        if since is not None and (progress is None or progress.started != since):
+            progress, read_until = vllm_start.StartProgress(since), since - 1
+            watch.last_progress = None
+        if progress is not None and watch.starting(time.time(), since):
+            lines = new_log_lines(args.docker_socket, args.container, read_until)
+            stamps = [vllm_start.split_line(line)[0] for line in lines]
+            read_until = max([read_until, *[t for t in stamps if t]])
+            progress.feed(lines, time.time())
+            watch.last_progress = progress.last_progress
         answered = since is not None and probe(args.url, key, args.model, args.timeout)
         up = since is not None and not answered and health(args.url, args.timeout)
         verdict = watch.decide(time.time(), answered, since, up)
         if verdict == "restart":
-            print(f"watchdog: {args.model} did not answer {args.failures} probes: restarting "
-                  f"{args.container}", flush=True)  # fmt: skip
+            how = ""
+            if progress is not None and since is not None and progress.started == since:
+                how = f" (its start reached: {progress.summary()})"
+            print(f"watchdog: {args.model} did not answer {args.failures} probes{how}: "
+                  f"restarting {args.container}", flush=True)  # fmt: skip
             docker(args.docker_socket, "POST", f"/containers/{args.container}/restart?t=30")
         elif verdict == "give-up":
             print(f"watchdog: giving up: {watch.gave_up}", file=sys.stderr, flush=True)
         state = {"ok": "serving", "wait": "waiting", "restart": "restarted",
                  "give-up": "gave-up"}[verdict]  # fmt: skip
+        phase = progress.phase if progress is not None and verdict == "wait" else ""
         write_state(args.state, state=state, reason=watch.gave_up, misses=watch.misses,
-                    restarts=len(watch.restarts))  # fmt: skip
+                    restarts=len(watch.restarts), phase=phase)  # fmt: skip
         # For node exporter's textfile collector (the monitoring role links it in).
         write_metrics(args.state.with_name("watchdog.prom"), answered=int(answered),
                       starting=int(watch.starting(time.time(), since)),

@@ -8,7 +8,10 @@ from pathlib import Path
 
 import pytest
 
-SOURCE = Path(__file__).resolve().parents[3] / "roles/vllm_serve/files/dgx_spark_watchdog.py"
+REPO = Path(__file__).resolve().parents[3]
+SOURCE = REPO / "roles/vllm_serve/files/dgx_spark_watchdog.py"
+# Installed beside the script on the node (watchdog.yml); here, where the collection keeps it.
+sys.path.insert(0, str(REPO / "plugins/module_utils"))
 _spec = importlib.util.spec_from_file_location("dgx_spark_watchdog", SOURCE)
 watchdog = importlib.util.module_from_spec(_spec)
 sys.modules[_spec.name] = watchdog  # dataclasses look their module up there
@@ -100,3 +103,53 @@ def test_it_probes_often_only_while_a_start_has_shown_nothing():
     # A later start begins a new grace, even right after the group served.
     assert w.starting(10_010.0, 10_005.0)
     assert not w.starting(10_005.0 + 600.0, 10_005.0)  # the grace ran out
+
+
+# --------------------------------------------------------------------------- stalls
+
+
+def test_a_start_that_progresses_keeps_its_grace_past_the_stall_time():
+    """Started at 0, stall 900, ceiling 3600: progress every 600 s keeps the grace."""
+    w = watch(grace=3600, stall=900)
+    verdicts = []
+    for now in range(30, 3500, 30):
+        w.last_progress = float(now - now % 600)
+        verdicts.append(w.decide(float(now), False, 0.0))
+    assert set(verdicts) == {"wait"} and w.misses == 0
+
+
+def test_a_start_without_progress_is_judged_after_the_stall_time():
+    w = watch(grace=3600, stall=900)
+    w.last_progress = 100.0
+    assert w.starting(999.0, 0.0)
+    assert not w.starting(1000.0, 0.0)
+    assert [w.decide(1000.0 + i * 30, False, 0.0) for i in range(3)] == ["wait", "wait", "restart"]
+
+
+def test_the_ceiling_ends_the_grace_of_a_start_that_still_progresses():
+    w = watch(grace=3600, stall=900)
+    w.last_progress = 3590.0
+    assert w.starting(3599.0, 0.0)
+    assert not w.starting(3600.0, 0.0)
+
+
+def test_docker_log_frames_are_joined():
+    frame = b"\x01\x00\x00\x00\x00\x00\x00\x04abc\n" + b"\x02\x00\x00\x00\x00\x00\x00\x02d\n"
+    assert watchdog.demux(frame) == "abc\nd\n"
+    assert watchdog.demux(b"plain text\n") == "plain text\n"
+
+
+def test_the_command_line_carries_the_stall(monkeypatch, tmp_path):
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def fake_watch(*args, **kwargs):
+        seen.update(kwargs, args=args)
+        raise Stop
+
+    monkeypatch.setattr(watchdog, "Watch", fake_watch)
+    with pytest.raises(Stop):
+        watchdog.main(["--model=m", f"--state={tmp_path}/s.json", "--grace=3600", "--stall=120"])
+    assert seen["stall"] == 120.0 and seen["args"][1] == 3600.0

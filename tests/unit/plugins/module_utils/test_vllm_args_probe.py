@@ -79,6 +79,7 @@ def make_arg_parser(parser):
     parser.add_argument("-tp", "--tensor-parallel-size", type=int, default=1)
     parser.add_argument("--distributed-executor-backend")
     parser.add_argument("--max-num-seqs", type=int)
+    parser.add_argument("--max-model-len", type=int)
     parser.add_argument("--speculative-config", type=json.loads)
     parser.add_argument("--reasoning-parser"{reasoning_choices})
     parser.add_argument("--enable-auto-tool-choice", action="store_true")
@@ -103,7 +104,24 @@ class AsyncEngineArgs:
             )
         if spec.get("num_speculative_tokens") == 0:
             raise ValueError("num_speculative_tokens must be at least 1")
-        return cls()
+        made = cls()
+        made.model, made.max_model_len = args.model, args.max_model_len
+        return made
+
+    # The stand-in's model configuration: the model's own length limit and a registry of one.
+    def create_model_config(self):
+        import json, os, types
+        with open(os.path.join(self.model, "config.json")) as handle:
+            config = json.load(handle)
+        limit = config["max_position_embeddings"]
+        if self.max_model_len and self.max_model_len > limit:
+            raise ValueError(f"User-specified max_model_len ({self.max_model_len}) is greater "
+                             f"than the derived max_model_len ({limit})")
+        if config["architectures"] != ["Qwen3MoeForCausalLM"]:
+            raise ValueError(f"Model architectures {config['architectures']} are not supported "
+                             "for now")
+        return types.SimpleNamespace(max_model_len=self.max_model_len or limit,
+                                     architectures=config["architectures"])
 """
 OLD_MANAGER = """
 class {cls}:
@@ -167,10 +185,10 @@ def make_vllm(root: Path, layout: str, version: str = "0.32.0", broken_tools: bo
     return site
 
 
-def probe(site: Path, args: list) -> dict:
+def probe(site: Path, args: list, model_config: bool = False) -> dict:
     entry = args_probe_entrypoint(sys.executable)
     proc = subprocess.run(
-        [sys.executable, "-S", *entry[1:], args_probe_request(args)],
+        [sys.executable, "-S", *entry[1:], args_probe_request(args, model_config)],
         env={"PYTHONPATH": str(site)},
         capture_output=True,
         text=True,
@@ -315,6 +333,7 @@ def test_the_probe_never_runs_the_server(site):
 
 def test_request_and_entrypoint():
     assert json.loads(args_probe_request([MODEL, "-tp", 2])) == {"args": [MODEL, "-tp", "2"]}
+    assert json.loads(args_probe_request([MODEL], True)) == {"args": [MODEL], "model_config": True}
     assert args_probe_entrypoint("python3") == ["python3", "-c", ARGS_PROBE_SOURCE]
     with pytest.raises(ValueError):
         args_probe_request("--port 8000")
@@ -446,3 +465,63 @@ def test_every_release_has_what_the_probe_reaches_for(version, fetch_vllm_sdist)
         arg_utils = _member(archive, version, "vllm/engine/arg_utils.py")
         assert re.search(r"class AsyncEngineArgs\(EngineArgs\)", arg_utils)
         assert "def from_cli_args(" in arg_utils
+
+
+# --------------------------------------------------------------------------- the model's config
+
+
+def _model_dir(tmp_path: Path, architectures=("Qwen3MoeForCausalLM",)) -> str:
+    model = tmp_path / "model"
+    model.mkdir()
+    config = {"architectures": list(architectures), "max_position_embeddings": 2048}
+    (model / "config.json").write_text(json.dumps(config))
+    return str(model)
+
+
+def test_model_config_within_the_models_limit(tmp_path):
+    model = _model_dir(tmp_path)
+    args = [model, "--max-model-len", "2048"]
+    doc = probe(make_vllm(tmp_path, "new"), args, model_config=True)
+    assert doc["errors"] == {}, doc
+    assert doc["model_config"]["max_model_len"] == 2048
+    assert judge(doc, args) == []
+
+
+def test_a_max_model_len_beyond_the_models_is_refused_naming_the_setting(tmp_path):
+    args = [_model_dir(tmp_path), "--max-model-len", "100000"]
+    doc = probe(make_vllm(tmp_path, "new"), args, model_config=True)
+    (problem,) = judge(doc, args)
+    assert problem == {
+        "setting": "vllm_serve_max_model_len",
+        "flag": "--max-model-len",
+        "stage": "model_config",
+        "message": "ValueError: User-specified max_model_len (100000) is greater than the "
+        "derived max_model_len (2048)",
+    }
+
+
+def test_an_architecture_the_image_cannot_build_names_the_image(tmp_path):
+    args = [_model_dir(tmp_path, ["Qwen9ForCausalLM"])]
+    doc = probe(make_vllm(tmp_path, "new"), args, model_config=True)
+    (problem,) = judge(doc, args)
+    assert (problem["setting"], problem["stage"]) == ("vllm_serve_image", "model_config")
+    assert "Qwen9ForCausalLM" in problem["message"]
+
+
+def test_an_unreadable_config_names_the_model(tmp_path):
+    model = Path(_model_dir(tmp_path))
+    (model / "config.json").write_text("{not json")
+    doc = probe(make_vllm(tmp_path, "new"), [str(model)], model_config=True)
+    (problem,) = judge(doc, [str(model)])
+    assert (problem["setting"], problem["stage"]) == ("vllm_serve_model_path", "model_config")
+
+
+def test_model_config_is_skipped_without_the_model_mounted(tmp_path):
+    doc = probe(make_vllm(tmp_path, "new"), [MODEL], model_config=True)
+    assert doc["errors"] == {}
+    assert doc["model_config"] == f"skipped: {MODEL} has no config.json in the probe"
+
+
+def test_model_config_only_when_asked(tmp_path):
+    doc = probe(make_vllm(tmp_path, "new"), [_model_dir(tmp_path)])
+    assert "model_config" not in doc and "model_config" not in doc["timings"]

@@ -83,7 +83,7 @@ def test_mtp_speculative_config_is_compact_json():
 
 
 def test_multinode_head_and_headless_worker_agree_on_engine_settings():
-    settings = production_settings(extra_args=["--load-format", "dummy"])
+    settings = production_settings(load_format="dummy")
     head = vllm_command.serve_args(
         settings, backend="multinode", node_rank=0, nnodes=2, master_addr="198.51.100.11"
     )

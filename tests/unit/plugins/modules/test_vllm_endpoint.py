@@ -62,6 +62,7 @@ class FakeDocker:
     def __init__(self, states: list[dict], logs: str = ""):
         self.states = states  # one inspect answer per call; the last one repeats
         self.logs_text = logs
+        self.log_calls: list[dict] = []
         self.api = self
 
     def inspect_container(self, name):
@@ -71,7 +72,8 @@ class FakeDocker:
         return {"State": {"Running": state["running"], "StartedAt": state["started"]},
                 "RestartCount": state.get("restarts", 0)}  # fmt: skip
 
-    def logs(self, name, tail):
+    def logs(self, name, tail, **options):
+        self.log_calls.append(options)
         return self.logs_text.encode()
 
 
@@ -98,13 +100,15 @@ def test_health_alone_is_not_enough(endpoint):
     result = vllm_endpoint.wait(params(endpoint.url, timeout=3), None)
     assert not result["healthy"]
     assert result["reason"] == "no answer to a one-token completion within 3 s"
+    assert result["timed_out"] is True
 
 
 def test_a_refused_key_stops_at_once(endpoint):
     endpoint.completion = 401
     result = vllm_endpoint.wait(params(endpoint.url, timeout=60), None)
     assert result == {"healthy": False, "reason": "the completion was refused with HTTP 401",
-                      "excerpt": "", "text": ""}  # fmt: skip
+                      "excerpt": "", "text": "", "states": {},
+                      "timed_out": False}  # fmt: skip
 
 
 def test_a_container_that_exits_stops_the_wait_with_vllms_reason(endpoint, monkeypatch):
@@ -137,3 +141,27 @@ def test_module_fails_or_reports(endpoint, capsys):
         result["msg"]
         == "the endpoint does not serve (no answer to a one-token completion within 2 s)"
     )
+
+
+def test_a_restart_between_two_calls_is_seen_through_the_baseline(endpoint, monkeypatch):
+    """The start's wait polls in short calls: each judges against the first call's states."""
+    monkeypatch.setattr(vllm_endpoint, "docker", FakeDocker)
+    endpoint.health = 503
+    first = vllm_endpoint.wait(
+        params(endpoint.url, timeout=1, watch=["vllm"]),
+        FakeDocker([{"running": True, "started": "t0"}]),
+    )
+    assert first["states"] == {"vllm": {"running": True, "restarts": 0, "started_at": "t0"}}
+    later = FakeDocker([{"running": True, "started": "t1", "restarts": 1}])
+    result = vllm_endpoint.wait(
+        params(endpoint.url, timeout=60, watch=["vllm"], baseline=first["states"]), later
+    )
+    assert result["reason"] == "vllm restarted"
+
+
+def test_logs_since_come_back_with_dockers_timestamps(monkeypatch):
+    monkeypatch.setattr(vllm_endpoint, "docker", FakeDocker)
+    client = FakeDocker([{"running": True, "started": "t0"}], logs="2026-12-01T10:00:01Z a\nb\n")
+    logs = vllm_endpoint._logs_since(client, ["vllm"], 1796119200.7)
+    assert logs == {"vllm": ["2026-12-01T10:00:01Z a", "b"]}
+    assert client.log_calls == [{"timestamps": True, "since": 1796119200}]

@@ -1,0 +1,93 @@
+"""A first start on the pair: judged by its progress, not by a clock, and refused before
+anything stops when the model itself cannot take the settings.
+
+Slowing the start needs the sim's donor image with ``dgxsim_ray_cpu/slow_load.py`` (a vLLM
+general plugin that sleeps before each checkpoint shard, ``VLLM_DGXSIM_SECONDS_PER_SHARD``,
+or stops at one, ``VLLM_DGXSIM_STALL_AT_SHARD``): rebuild the donor image first. The tiny
+model has two shards.
+
+Needs the deployed pair. The module ends with the inventory's own settings deployed again.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import on_node, run_playbook
+from test_serving import KEY, ROLLBACK_WAIT_TASK, WAIT_TASK, complete, serve
+
+STALL = 60  # the smallest stall time the role accepts
+INSPECT = ["docker", "inspect", "-f", "{{.State.StartedAt}}", "dgx-spark-vllm"]
+
+
+@pytest.fixture(scope="module")
+def deployed(deployed_pair, nodes):
+    if not complete(nodes, KEY):
+        run = serve()
+        assert run.rc == 0, run.failures() or run.raw[-3000:]
+    yield
+    run = run_playbook("deploy.yml")
+    assert run.rc == 0, run.failures() or run.raw[-3000:]
+    assert complete(nodes, KEY)
+
+
+def _wait(run, task=WAIT_TASK) -> dict:
+    waits = [r for name, host, r in run.results() if name == task and host == "spark-1"]
+    assert waits and "seconds" in waits[-1], "the run restarted nothing"
+    return waits[-1]
+
+
+def _started(nodes) -> str:
+    return on_node(nodes[0], *INSPECT).stdout.strip()
+
+
+def test_a_slow_start_that_keeps_progressing_serves(deployed, nodes):
+    """Each shard takes 45 s: the start lasts longer than the stall time (the old rule would
+    have ended it at the deadline), but every step comes within it, so it serves."""
+    extra = {"vllm_serve_env": {"VLLM_DGXSIM_SECONDS_PER_SHARD": "45"},
+             "vllm_serve_start_stall_timeout": STALL, "vllm_serve_health_timeout": 900}  # fmt: skip
+    run = serve("-e", json.dumps(extra))
+    assert run.rc == 0, run.failures() or run.raw[-3000:]
+    wait = _wait(run)
+    assert wait["healthy"] and wait["phase"] == "serving"
+    assert wait["seconds"] > STALL + 30, wait["seconds"]
+    progress = "\n".join(wait["progress"])
+    assert "loading weights" in progress and "1/2 shards" in progress, progress
+    assert wait["progress"][-1].endswith(": serving"), progress
+    print(f"\nslowed start: served after {wait['seconds']:.0f}s:\n{progress}")
+    assert complete(nodes, KEY)
+
+
+def test_a_stalled_start_is_judged_within_the_stall_time_naming_its_phase(deployed, nodes):
+    extra = {"vllm_serve_env": {"VLLM_DGXSIM_STALL_AT_SHARD": "2"},
+             "vllm_serve_start_stall_timeout": STALL, "vllm_serve_health_timeout": 900}  # fmt: skip
+    run = serve("-e", json.dumps(extra))
+    assert run.rc != 0
+    wait = _wait(run)
+    assert not wait["healthy"] and wait["stalled"] is True and wait["phase"] == "weights"
+    assert "the start stalled while loading weights" in wait["reason"], wait["reason"]
+    assert "1/2 shards" in wait["reason"], wait["reason"]
+    # judged one stall time after the last shard, give or take a poll and the load before it
+    assert STALL <= wait["seconds"] < 2 * STALL + 30, wait["seconds"]
+    message = " ".join(run.failures())
+    assert "vllm_serve_start_stall_timeout is 60 s" in message, message
+    assert _wait(run, ROLLBACK_WAIT_TASK)["healthy"]
+    print(f"\nstalled start: judged after {wait['seconds']:.0f}s: {wait['reason']}")
+    assert complete(nodes, KEY)
+
+
+def test_a_max_model_len_beyond_the_models_is_refused_before_anything_stops(deployed, nodes):
+    started = _started(nodes)
+    run = serve("-e", "vllm_serve_max_model_len=100000")
+    assert run.rc != 0
+    message = " ".join(run.failures())
+    assert "vllm_serve_max_model_len (--max-model-len): ValueError: User-specified " in message, (
+        message
+    )
+    assert "no container was touched" in message, message
+    assert run.changed()["spark-1"] == run.changed()["spark-2"] == 0, run.changed()
+    ran = {name for name, _h, r in run.results() if not r.get("skipped")}
+    assert "Stop the running ranks" not in ran and "Pause the watchdogs" not in ran
+    assert _started(nodes) == started
+    assert complete(nodes, KEY)

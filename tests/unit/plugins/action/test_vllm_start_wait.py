@@ -1,0 +1,138 @@
+"""vllm_start_wait's loop on a scripted node and a fake clock: what it prints, when it ends."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from ansible_collections.dgx_spark.cluster.plugins.action import vllm_start_wait
+from support.captures import tool_output
+
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "vllm_serve"
+RAY_SIM = tool_output(FIXTURES / "start_ray_sim_reconstructed.log").splitlines()
+STALLED = tool_output(FIXTURES / "start_stalled_weights_reconstructed.log").splitlines()
+
+
+class Clock:
+    def __init__(self):
+        self.now = 1_000_000.0
+
+    def time(self):
+        return self.now
+
+
+def _args(**extra):
+    return {**{k: v.get("default") for k, v in vllm_start_wait.ARGUMENT_SPEC.items()},
+            "model": "m", "watch": ["vllm"], **extra}  # fmt: skip
+
+
+def _run(monkeypatch, answers, clock, step, **extra):
+    """Each poll returns the next answer and advances the clock by ``step`` seconds."""
+    printed: list[str] = []
+    polls: list[float] = []
+    monkeypatch.setattr(vllm_start_wait.time, "time", clock.time)
+    monkeypatch.setattr(vllm_start_wait.display, "display", printed.append)
+    action = vllm_start_wait.ActionModule.__new__(vllm_start_wait.ActionModule)
+
+    def poll(args, baseline, since, task_vars):
+        polls.append(since)
+        clock.now += step
+        answer = answers.pop(0) if len(answers) > 1 else answers[0]
+        return {"healthy": False, "timed_out": True, "reason": "no answer", "states": {}, **answer}
+
+    action._poll = poll
+    return action._wait(_args(**extra), "spark-1", {}), printed, polls
+
+
+def _log(lines):
+    return {"logs": {"vllm": lines}}
+
+
+def test_a_slow_start_that_progresses_serves_past_the_old_deadline(monkeypatch):
+    """Shards 30 s apart over 40 min: with a 900 s stall it is never judged, and it serves."""
+    shard = "2026-12-01T10:{:02d}:{:02d}.000000000Z Loading safetensors checkpoint shards: " \
+            "{:3d}% Completed | {}/80 [00:00<00:00, 30.00s/it]"  # fmt: skip
+    answers = [_log([shard.format(k // 2, 30 * (k % 2), k * 100 // 80, k)]) for k in range(81)]
+    serving = (
+        "2026-12-01T10:41:00.000000000Z (APIServer pid=1) INFO:     Application startup complete."
+    )
+    answers.append(_log([serving]) | {"healthy": True, "timed_out": False, "reason": ""})
+    result, printed, _polls = _run(
+        monkeypatch, answers, Clock(), step=30, stall_timeout=900, timeout=3600
+    )
+    assert result["healthy"] and result["reason"] == ""
+    assert result["phase"] == "serving"
+    assert (
+        printed[0] == "[spark-1] vLLM start, 0m30s: loading weights: driver 0/80 shards, 30.00s/it"
+    )
+    assert printed[-2] == (
+        "[spark-1] vLLM start, 40m30s: loading weights: driver 80/80 shards, 30.00s/it"
+    )
+    assert printed[-1] == "[spark-1] vLLM start, 41m00s: serving"
+
+
+def test_a_stalled_start_is_judged_within_the_stall_time_naming_the_phase(monkeypatch):
+    answers = [_log(STALLED), _log([])]
+    clock = Clock()
+    start = clock.now
+    result, printed, _polls = _run(
+        monkeypatch, answers, clock, step=10, stall_timeout=120, timeout=3600
+    )
+    assert not result["healthy"] and result["stalled"] is True
+    assert result["phase"] == "weights"
+    assert result["reason"] == (
+        "the start stalled while loading weights: Worker_TP0 1/2 shards, 30.00s/it: no "
+        "progress in the logs for 120 s (vllm_serve_start_stall_timeout is 120 s)"
+    )
+    # the last progress came with the first poll (10 s): judged 120 s after it, no later
+    assert clock.now - start == 130
+    assert printed[0].startswith("[spark-1] vLLM start, 0m10s: loading weights: Worker_TP0 1/2")
+    # a line at least every minute while nothing happens
+    assert printed[1].startswith("[spark-1] vLLM start, 1m10s: loading weights")
+
+
+def test_the_ceiling_ends_a_start_that_still_progresses(monkeypatch):
+    shard = "Loading safetensors checkpoint shards: 1% Completed | {}/999 [00:00<00:00, 1s/it]"
+    answers = [_log([shard.format(k)]) for k in range(999)]
+    result, _printed, _polls = _run(
+        monkeypatch, answers, Clock(), step=10, stall_timeout=900, timeout=300
+    )
+    assert result["stalled"] is False
+    assert result["reason"].startswith("the start did not serve within vllm_serve_health_timeout")
+
+
+def test_a_container_that_exits_ends_the_wait_at_once(monkeypatch):
+    answers = [{"timed_out": False, "reason": "vllm exited", "excerpt": "ValueError: bad"}]
+    result, _printed, _polls = _run(monkeypatch, answers, Clock(), step=3)
+    assert result["reason"] == "vllm exited" and result["excerpt"] == "ValueError: bad"
+
+
+def test_lines_seen_in_an_earlier_poll_are_skipped_and_since_advances(monkeypatch):
+    first = RAY_SIM[:12]
+    answers = [_log(first), _log(first + RAY_SIM[12:13]), _log([RAY_SIM[-1]]) | {"healthy": True}]
+    result, printed, polls = _run(monkeypatch, answers, Clock(), step=5)
+    assert result["healthy"]
+    assert polls[0] == 0.0
+    assert polls[1] == pytest.approx(vllm_start_wait.vllm_start.split_line(first[-1])[0])
+    assert printed == [
+        "[spark-1] vLLM start, 0m05s: loading weights: 10.0.0.1 0/2 shards",
+        "[spark-1] vLLM start, 0m10s: loading weights: 10.0.0.1 1/2 shards, 30.00s/it",
+        "[spark-1] vLLM start, 0m15s: serving",
+    ]
+
+
+def test_a_follower_takes_the_leaders_verdict(monkeypatch, tmp_path):
+    monkeypatch.setattr(vllm_start_wait.C, "DEFAULT_LOCAL_TMP", str(tmp_path))
+    vllm_start_wait.write_verdict("g", 1_000_000.0, {"healthy": False, "reason": "head exited"})
+    result, _printed, _polls = _run(
+        monkeypatch, [_log([])], Clock(), step=5, group="g", leader=False
+    )
+    assert result == result | {"healthy": False, "reason": "head exited"}
+
+
+def test_a_verdict_from_an_earlier_start_is_ignored(tmp_path, monkeypatch):
+    monkeypatch.setattr(vllm_start_wait.C, "DEFAULT_LOCAL_TMP", str(tmp_path))
+    vllm_start_wait.write_verdict("g", 100.0, {"healthy": True, "reason": ""})
+    assert vllm_start_wait.read_verdict("g", 1000.0) is None
+    assert vllm_start_wait.read_verdict("g", 200.0) == {"started": 100.0, "healthy": True,
+                                                        "reason": ""}  # fmt: skip

@@ -1,0 +1,228 @@
+"""The phases of a vLLM start read from its logs, and the stall verdict."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from ansible_collections.dgx_spark.cluster.plugins.module_utils import vllm_start
+from support.captures import KINDS, split, tool_output
+
+FIXTURES = Path(__file__).resolve().parents[3] / "unit" / "fixtures" / "vllm_serve"
+RAY_SIM = FIXTURES / "start_ray_sim_reconstructed.log"
+SPARK_GPU = FIXTURES / "start_spark_gpu_reconstructed.log"
+STALLED = FIXTURES / "start_stalled_weights_reconstructed.log"
+
+
+def _lines(path: Path) -> list[str]:
+    return tool_output(path).splitlines()
+
+
+def _replay(path: Path, step: float = 1.0) -> tuple[vllm_start.StartProgress, list[dict]]:
+    """Feed a log a line per poll, ``step`` seconds apart."""
+    progress = vllm_start.StartProgress(started=0.0)
+    events = []
+    for index, line in enumerate(_lines(path)):
+        events += progress.feed([line], now=(index + 1) * step)
+    return progress, events
+
+
+@pytest.mark.parametrize("path", [RAY_SIM, SPARK_GPU, STALLED])
+def test_reconstructed_logs_say_so(path):
+    header, body = split(path)
+    assert header.startswith(KINDS[1]), header
+    assert "Replace with a capture" in header
+    assert body.strip()
+
+
+def test_ray_start_goes_through_every_phase_in_order():
+    progress, events = _replay(RAY_SIM)
+    phases = []
+    for event in events:
+        if not phases or phases[-1] != event["phase"]:
+            phases.append(event["phase"])
+    assert phases == ["peers", "weights", "kv_cache", "server", "serving"]
+    assert progress.phase == "serving"
+
+
+def test_ray_actor_lines_are_told_apart_by_address():
+    _progress, events = _replay(RAY_SIM)
+    # only rank 0 draws the shard bar; both ranks say when they start loading
+    assert {e["rank"] for e in events if e.get("bar")} == {"RayWorkerWrapper@10.0.0.1"}
+    loading = {e["rank"] for e in events if e["text"].startswith("Starting to load model")}
+    assert loading == {"RayWorkerWrapper@10.0.0.1", "RayWorkerWrapper@10.0.0.2"}
+
+
+def test_shards_done_of_total_and_rate_in_the_summary():
+    progress = vllm_start.StartProgress(started=0.0)
+    lines = _lines(RAY_SIM)
+    upto = next(i for i, line in enumerate(lines) if "1/2 [00:30" in line)
+    progress.feed(lines[: upto + 1], now=10.0)
+    assert progress.phase == "weights"
+    assert progress.summary() == "loading weights: 10.0.0.1 1/2 shards, 30.00s/it"
+
+
+def test_waiting_for_rays_gpus_is_not_progress():
+    progress = vllm_start.StartProgress(started=0.0)
+    lines = [line for line in _lines(RAY_SIM) if "placement group of specs" in line]
+    assert len(lines) == 2
+    progress.feed(lines[:1], now=5.0)
+    assert progress.phase == "peers"
+    assert progress.last_progress == 0.0
+    assert "Waiting for creating a placement group of specs for 10 seconds" in progress.summary()
+    assert progress.feed(lines[1:], now=40.0) == []
+    assert progress.last_progress == 0.0
+
+
+def test_a_line_seen_again_is_not_progress():
+    progress = vllm_start.StartProgress(started=0.0)
+    line = _lines(RAY_SIM)[11]
+    assert "0/2" in line
+    assert len(progress.feed([line], now=1.0)) == 1
+    assert progress.feed([line], now=2.0) == []
+    assert progress.last_progress == 1.0
+
+
+def test_gpu_start_fastsafetensors_compile_graphs_kv_cache():
+    progress, events = _replay(SPARK_GPU)
+    phases = [e["phase"] for e in events]
+    assert phases.index("weights") < phases.index("compile") < phases.index("kv_cache")
+    bars = [e["bar"] for e in events if e.get("bar")]
+    weights = [b for b in bars if "Fastsafetensor" in b["desc"]]
+    assert [(b["k"], b["n"]) for b in weights] == [(0, 39), (1, 39), (2, 39), (39, 39)]
+    assert weights[1]["rate"] == "4.01s/it"
+    graphs = [b for b in bars if b["desc"].startswith("Capturing CUDA graphs")]
+    assert [(b["k"], b["n"]) for b in graphs] == [(0, 51), (25, 51), (51, 51)]
+    assert progress.phase == "serving"
+
+
+def test_a_capture_bar_is_summarised_as_graphs():
+    progress = vllm_start.StartProgress(started=0.0)
+    lines = [line for line in _lines(SPARK_GPU) if "25/51" in line]
+    progress.feed(lines, now=1.0)
+    assert progress.summary() == "compiling and capturing: driver 25/51 graphs, 2.41it/s"
+
+
+def test_real_refused_start_shows_no_phase():
+    """A real capture: vLLM refused its arguments before any rank started."""
+    progress = vllm_start.StartProgress(started=0.0)
+    text = tool_output(FIXTURES / "refusal_max_model_len.log")
+    assert progress.feed(text.splitlines(), now=3.0) == []
+    assert progress.phase == "starting"
+
+
+def test_split_line_strips_docker_time_prefixes_and_ray_dedup():
+    stamp, source, message = vllm_start.split_line(
+        "2026-12-01T10:01:46.400000000Z (EngineCore pid=88) (RayWorkerWrapper pid=233, "
+        "ip=10.0.0.2) Loading safetensors checkpoint shards: 100% Completed | 2/2 "
+        "[01:00<00:00, 30.00s/it] [repeated 2x across cluster]\n"
+    )
+    assert stamp == pytest.approx(1796119306.4)
+    assert source == "RayWorkerWrapper@10.0.0.2"
+    assert message.endswith("30.00s/it]")
+
+
+def test_split_line_keeps_the_last_drawing_of_a_tqdm_line():
+    _stamp, source, message = vllm_start.split_line(
+        "Loading safetensors checkpoint shards:   0% Completed | 0/2 [00:00<?, ?it/s]\r"
+        "Loading safetensors checkpoint shards:  50% Completed | 1/2 [00:03<00:03, 3.0s/it]\r"
+    )
+    assert source == ""
+    assert "1/2" in message
+
+
+def test_docker_time_refuses_other_text():
+    with pytest.raises(ValueError, match="not a Docker log timestamp"):
+        vllm_start.docker_time("12-01 10:00:01")
+
+
+@pytest.mark.parametrize(
+    ("now", "last", "expected"),
+    [
+        (100.0, 0.0, "progressing"),  # still within the stall time of the start
+        (900.0, 0.0, "stalled"),  # nothing since the start for the stall time
+        (1500.0, 1000.0, "progressing"),  # long start, progress 500 s ago
+        (1900.0, 1000.0, "stalled"),
+        (3600.0, 3599.0, "ceiling"),  # progressing, but past the ceiling
+    ],
+)
+def test_stall_verdict(now, last, expected):
+    assert vllm_start.stall_verdict(now, 0.0, last, stall=900, ceiling=3600) == expected
+
+
+def test_a_slow_start_that_progresses_outlives_the_old_deadline():
+    """Shards every 300 s: a start of 39 shards (~3.3 h) never stalls at a 900 s stall time."""
+    progress = vllm_start.StartProgress(started=0.0)
+    for k in range(40):
+        now = 300.0 * k + 1
+        progress.feed([f"Loading safetensors checkpoint shards: 0% Completed | {k}/39 [...]"], now)
+        assert vllm_start.stall_verdict(now + 299, 0.0, progress.last_progress, 900, 1e9) == (
+            "progressing"
+        )
+
+
+def test_stalled_start_names_the_phase_and_the_shards():
+    progress, _events = _replay(STALLED)
+    now = progress.last_progress + 900
+    verdict = vllm_start.stall_verdict(now, 0.0, progress.last_progress, 900, 3600)
+    assert verdict == "stalled"
+    reason = vllm_start.stall_reason(verdict, progress, now, 900, 3600)
+    assert reason == (
+        "the start stalled while loading weights: Worker_TP0 1/2 shards, 30.00s/it: no "
+        "progress in the logs for 900 s (vllm_serve_start_stall_timeout is 900 s)"
+    )
+
+
+def test_ceiling_reason_names_the_setting():
+    progress, _events = _replay(STALLED)
+    reason = vllm_start.stall_reason("ceiling", progress, 3600.0, 900, 3600)
+    assert reason.startswith("the start did not serve within vllm_serve_health_timeout (3600 s)")
+    assert "loading weights" in reason
+
+
+@pytest.mark.parametrize(
+    ("stall", "ceiling", "load_format", "expected"),
+    [
+        (900, 3600, "auto", []),
+        ("900", "3600.0", "fastsafetensors", []),
+        (30, 3600, "auto", ["vllm_serve_start_stall_timeout is 30; allowed: whole seconds "
+                            "60-7200"]),
+        (True, 3600, "auto", ["vllm_serve_start_stall_timeout is True; allowed: whole seconds "
+                              "60-7200"]),
+        (900, 600, "auto", ["vllm_serve_health_timeout is 600; allowed: whole seconds from "
+                            "vllm_serve_start_stall_timeout (900) to 86400"]),
+        (900, "x", "auto", ["vllm_serve_health_timeout is 'x'; allowed: whole seconds from "
+                            "vllm_serve_start_stall_timeout (900) to 86400"]),
+    ],
+)  # fmt: skip
+def test_setting_errors(stall, ceiling, load_format, expected):
+    assert vllm_start.setting_errors(stall, ceiling, load_format) == expected
+
+
+@pytest.mark.parametrize("load_format", ["", "Fast Loader", None, "--load-format"])
+def test_setting_errors_name_the_load_format(load_format):
+    (error,) = vllm_start.setting_errors(900, 3600, load_format)
+    assert error.startswith(f"vllm_serve_load_format is {load_format!r}; allowed: auto")
+
+
+@pytest.mark.parametrize(
+    ("setting", "modules", "expected"),
+    [
+        ("auto", {"fastsafetensors": {"version": "0.1.14", "error": None},
+                  "instanttensor": {"version": None, "error": "ModuleNotFoundError: x"}},
+         ("fastsafetensors", "the serving image carries fastsafetensors (0.1.14)")),
+        ("auto", {"fastsafetensors": {"version": None, "error": "ModuleNotFoundError: x"},
+                  "instanttensor": {"version": None, "error": None}},
+         ("instanttensor", "the serving image carries instanttensor (version unknown)")),
+        ("auto", {"fastsafetensors": {"version": None, "error": "ModuleNotFoundError: x"},
+                  "instanttensor": {"version": None, "error": "ModuleNotFoundError: y"}},
+         ("", "the serving image carries neither fastsafetensors nor instanttensor: vLLM's "
+              "default loader")),
+        ("auto", {}, ("", "the serving image carries neither fastsafetensors nor instanttensor: "
+                          "vLLM's default loader")),
+        ("safetensors", {"fastsafetensors": {"version": "1", "error": None}},
+         ("safetensors", "vllm_serve_load_format is safetensors")),
+    ],
+)  # fmt: skip
+def test_choose_load_format(setting, modules, expected):
+    assert vllm_start.choose_load_format(setting, modules) == expected
