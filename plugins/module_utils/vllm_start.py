@@ -58,6 +58,9 @@ PHASE_LABELS = {
 _DOCKER_TS = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d+)?Z ")
 # "(RayWorkerWrapper pid=312, ip=10.0.0.2) ", "(APIServer pid=1) ", "(EngineCore pid=93) ".
 _SOURCE = re.compile(r"^\((?P<who>[A-Za-z][\w-]*) pid=(?P<pid>\d+)(?:, ip=(?P<ip>[^)\s]+))?\)\s*")
+# Ray colours the prefix of the lines it forwards from an actor: "\x1b[36m(RayWorkerProc
+# pid=214, ip=172.30.241.12)\x1b[0m (Worker_TP1 pid=214) INFO ...".
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _REPEATED = re.compile(r"\s*\[repeated \d+x across cluster\]\s*$")
 # vLLM's logger: "INFO 11-30 06:07:38 [file.py:347] ".
 # uvicorn's: "INFO:     ".
@@ -122,15 +125,17 @@ def split_line(raw: str) -> tuple[float | None, str, str]:
         stamp = docker_time(match.group(0))
         line = line[match.end() :]
     # tqdm redraws with carriage returns: the last drawing is what the line says.
-    line = line.rsplit("\r", 1)[-1]
+    line = _ANSI.sub("", line.rsplit("\r", 1)[-1])
     # vLLM prefixes its processes' lines; Ray's forwarded actor lines come inside the
     # engine's: the innermost prefix is the rank's.
-    source = ""
+    # Only Ray's outer prefix names the node (ip=) of a rank on another node; it is kept.
+    who, ip = "", ""
     match = _SOURCE.match(line)
     while match:
-        source = match.group("who") + (f"@{match.group('ip')}" if match.group("ip") else "")
+        who, ip = match.group("who"), match.group("ip") or ip
         line = line[match.end() :]
         match = _SOURCE.match(line)
+    source = f"{who}@{ip}" if ip else who
     line = _LEVEL.sub("", line, count=1)
     return stamp, source, _REPEATED.sub("", line).strip()
 
@@ -208,7 +213,10 @@ class StartProgress:
                 continue
             self._seen.add(key)
             self.waiting = ""
-            self.phase = event["phase"]
+            # Ranks' lines interleave (Ray forwards a remote rank's late): the start is as far
+            # as its furthest line, and never goes back.
+            if PHASES.index(event["phase"]) >= PHASES.index(self.phase):
+                self.phase = event["phase"]
             self.last_text = message
             self.last_progress = now
             new.append({**event, "rank": who})

@@ -226,3 +226,32 @@ def test_setting_errors_name_the_load_format(load_format):
 )  # fmt: skip
 def test_choose_load_format(setting, modules, expected):
     assert vllm_start.choose_load_format(setting, modules) == expected
+
+
+CAPTURED = FIXTURES / "start_ray_sim_captured.log"
+
+
+def test_a_captured_ray_start_goes_through_every_phase_in_order():
+    header, _body = split(CAPTURED)
+    assert header.startswith(KINDS[0]), header
+    # The ranks' lines interleave (rank 1 says it joined after rank 0 began loading): the
+    # start's phase follows its furthest line and never goes back.
+    progress = vllm_start.StartProgress(started=0.0)
+    phases = []
+    for index, line in enumerate(_lines(CAPTURED)):
+        progress.feed([line], now=float(index))
+        if not phases or phases[-1] != progress.phase:
+            phases.append(progress.phase)
+    assert phases == ["starting", "peers", "weights", "kv_cache", "server", "serving"]
+    assert progress.summary() == "serving"
+
+
+def test_a_captured_ray_start_tells_the_ranks_apart_by_node():
+    # Ray's coloured outer prefix names the node of the rank on the worker; vLLM's inner one
+    # names the rank: both are kept.
+    _progress, events = _replay(CAPTURED)
+    loading = {e["rank"] for e in events if e["text"].startswith("Loading weights took")}
+    assert loading == {"Worker_TP0", "Worker_TP1@172.30.241.12"}
+    assert not any("\x1b" in e["text"] for e in events)
+    bars = [e["bar"] for e in events if e.get("bar")]
+    assert [(b["k"], b["n"]) for b in bars] == [(0, 2), (2, 2)]
