@@ -26,7 +26,7 @@ SERVE = yaml.safe_load((ROOT / "inventories/sim/group_vars/all/serve.yml").read_
 KEY = SERVE["vllm_serve_api_key"]
 MODEL = SERVE["vllm_serve_served_model_name"]
 ROTATED = "rotated-sim-key-0123"
-WAIT_TASK = "Wait until the pair serves, watching the head's rank"
+WAIT_TASK = "Wait until the pair serves, showing the start's progress"
 ROLLBACK_WAIT_TASK = "Wait until the previous configuration serves again"
 
 
