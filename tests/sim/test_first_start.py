@@ -12,10 +12,11 @@ Needs the deployed pair. The module ends with the inventory's own settings deplo
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 from conftest import on_node, run_playbook
-from test_serving import KEY, ROLLBACK_WAIT_TASK, WAIT_TASK, complete, serve
+from test_serving import KEY, ROLLBACK_WAIT_TASK, SERVE, WAIT_TASK, complete, serve
 
 STALL = 60  # the smallest stall time the role accepts
 INSPECT = ["docker", "inspect", "-f", "{{.State.StartedAt}}", "dgx-spark-vllm"]
@@ -60,7 +61,9 @@ def test_a_slow_start_that_keeps_progressing_serves(deployed, nodes):
 
 
 def test_a_stalled_start_is_judged_within_the_stall_time_naming_its_phase(deployed, nodes):
+    # The change also brings a new key, which the rolled-back group never serves with.
     extra = {"vllm_serve_env": {"VLLM_DGXSIM_STALL_AT_SHARD": "2"},
+             "vllm_serve_api_key": "never-served-key-0456",
              "vllm_serve_start_stall_timeout": STALL, "vllm_serve_health_timeout": 900}  # fmt: skip
     run = serve("-e", json.dumps(extra))
     assert run.rc != 0
@@ -75,6 +78,13 @@ def test_a_stalled_start_is_judged_within_the_stall_time_naming_its_phase(deploy
     assert _wait(run, ROLLBACK_WAIT_TASK)["healthy"]
     print(f"\nstalled start: judged after {wait['seconds']:.0f}s: {wait['reason']}")
     assert complete(nodes, KEY)
+    # The watchdog asks the rolled-back group with that group's key: over three of the sim's
+    # probe intervals it sees it serve and restarts nothing.
+    started = _started(nodes)
+    time.sleep(3 * SERVE["vllm_serve_watchdog_interval"] + 10)
+    assert _started(nodes) == started
+    state = json.loads(on_node(nodes[0], "cat", "/var/lib/dgx-spark/watchdog/state.json").stdout)
+    assert state["state"] == "serving" and state["misses"] == 0, state
 
 
 def test_a_max_model_len_beyond_the_models_is_refused_before_anything_stops(deployed, nodes):

@@ -1,7 +1,7 @@
 """The serving stage on the running pair: the key on every route, secrets kept out of sight,
-and the ranks restarted as one group when a key rotates, a change is refused by vLLM (then
-rolled back) or the ranks fall out of step; what the serving image's vLLM refuses before any
-start touches no container; the multinode backend stays selectable, and its watchdogs
+and the ranks restarted as one group when a key rotates or the ranks fall out of step; what
+the serving image's vLLM refuses before any start touches no container (a start that does not
+serve is rolled back: test_first_start, test_upgrade and test_weights); the multinode backend stays selectable, and its watchdogs
 bring back a head rank that restarted alone.
 
 Needs the deployed pair (make demo, or molecule default). Each test leaves the pair serving;
@@ -195,41 +195,6 @@ def test_a_key_rotation_restarts_the_group_once(deployed, nodes):
     print(f"\nkey rotation: downtime {gap:.0f}s, vLLM start {start:.0f}s, "
           f"{client.failed} failed requests, run {run.seconds:.0f}s")  # fmt: skip
     assert gap <= start + 15, (gap, start)
-
-
-def test_a_setting_only_vllm_refuses_is_rolled_back(deployed, hosts, nodes):
-    # Without the sim's platform plugin the CPU platform refuses vLLM's Ray executor, which
-    # only the start finds out (the arguments and the model's configuration pass). The change
-    # also brings a new key, which the rolled-back group never serves with.
-    no_plugin = json.dumps({"vllm_serve_env": {"VLLM_PLUGINS": "dgxsim-test-no-such-plugin"}})
-    with Client(nodes, [ROTATED]) as client:
-        run = serve("-e", "vllm_serve_api_key=never-served-key-0456", "-e", no_plugin)
-        time.sleep(3)
-    assert run.rc != 0
-    message = " ".join(run.failures())
-    assert "does not support ray" in message, message
-    assert "Rolled back" in message and "serve again" in message, message
-    assert complete(nodes, ROTATED)
-    gap = client.longest_gap()
-    back = [
-        r["seconds"]
-        for name, _h, r in run.results()
-        if name == ROLLBACK_WAIT_TASK and "seconds" in r
-    ]
-    assert back, "the run waited for no rolled-back group"
-    print(f"\nrolled back: downtime {gap:.0f}s (refused start {vllm_start_seconds(run):.0f}s, "
-          f"previous group's start {back[0]:.0f}s), failed requests {client.failed}; "
-          f"{message[:300]}")  # fmt: skip
-    # The refused start, then one start of the previous group, plus 30 s.
-    assert gap <= vllm_start_seconds(run) + back[0] + 30
-    # The watchdog asks the rolled-back group with that group's key: over three of the sim's
-    # probe intervals it sees it serve and restarts nothing.
-    inspect = "docker inspect -f '{{.State.StartedAt}}' dgx-spark-vllm"
-    started = sh(hosts["spark-1"], inspect)
-    time.sleep(3 * SERVE["vllm_serve_watchdog_interval"] + 10)
-    assert sh(hosts["spark-1"], inspect) == started
-    state = json.loads(sh(hosts["spark-1"], "cat /var/lib/dgx-spark/watchdog/state.json"))
-    assert state["state"] == "serving" and state["misses"] == 0, state
 
 
 def test_what_the_images_vllm_refuses_touches_no_container(deployed, hosts, nodes):
