@@ -39,9 +39,9 @@ drills = _load("drills", ROOT / "benchmarks" / "drills.py")
 # and the teardown, which deploys again afterwards.
 MODULE_ORDER = (
     "test_pair", "test_vllm_registry_info", "test_image_inputs", "test_host_prep",
-    "test_firewall", "test_model_cache", "test_chat", "test_weights", "test_collective",
-    "test_operate", "test_monitoring", "test_recovery", "test_upgrade", "test_serving",
-    "test_rerun", "test_teardown",
+    "test_firewall", "test_model_cache", "test_chat", "test_weights", "test_first_start",
+    "test_collective", "test_operate", "test_monitoring", "test_recovery", "test_upgrade",
+    "test_serving", "test_rerun", "test_teardown",
 )  # fmt: skip
 
 
