@@ -15,22 +15,22 @@ import json
 import time
 
 import pytest
-from conftest import on_node, run_playbook
-from test_serving import KEY, ROLLBACK_WAIT_TASK, SERVE, WAIT_TASK, complete, serve
+from conftest import on_node
+from test_serving import (
+    KEY,
+    ROLLBACK_WAIT_TASK,
+    SERVE,
+    WAIT_TASK,
+    complete,
+    deployed,  # noqa: F401 (the fixture: the inventory's settings after)
+    serve,
+)
+
+# Every test starts from the pair serving the inventory's settings; deploy.yml restores them.
+pytestmark = pytest.mark.usefixtures("deployed")
 
 STALL = 60  # the smallest stall time the role accepts
 INSPECT = ["docker", "inspect", "-f", "{{.State.StartedAt}}", "dgx-spark-vllm"]
-
-
-@pytest.fixture(scope="module")
-def deployed(deployed_pair, nodes):
-    if not complete(nodes, KEY):
-        run = serve()
-        assert run.rc == 0, run.failures() or run.raw[-3000:]
-    yield
-    run = run_playbook("deploy.yml")
-    assert run.rc == 0, run.failures() or run.raw[-3000:]
-    assert complete(nodes, KEY)
 
 
 def _wait(run, task=WAIT_TASK) -> dict:
@@ -43,7 +43,7 @@ def _started(nodes) -> str:
     return on_node(nodes[0], *INSPECT).stdout.strip()
 
 
-def test_a_slow_start_that_keeps_progressing_serves(deployed, nodes):
+def test_a_slow_start_that_keeps_progressing_serves(nodes):
     """Each shard takes 45 s: the start lasts longer than the stall time (the old rule would
     have ended it at the deadline), but every step comes within it, so it serves."""
     extra = {"vllm_serve_env": {"VLLM_DGXSIM_SECONDS_PER_SHARD": "45"},
@@ -60,7 +60,7 @@ def test_a_slow_start_that_keeps_progressing_serves(deployed, nodes):
     assert complete(nodes, KEY)
 
 
-def test_a_stalled_start_is_judged_within_the_stall_time_naming_its_phase(deployed, nodes):
+def test_a_stalled_start_is_judged_within_the_stall_time_naming_its_phase(nodes):
     # The change also brings a new key, which the rolled-back group never serves with.
     extra = {"vllm_serve_env": {"VLLM_DGXSIM_STALL_AT_SHARD": "2"},
              "vllm_serve_api_key": "never-served-key-0456",
@@ -87,7 +87,7 @@ def test_a_stalled_start_is_judged_within_the_stall_time_naming_its_phase(deploy
     assert state["state"] == "serving" and state["misses"] == 0, state
 
 
-def test_a_max_model_len_beyond_the_models_is_refused_before_anything_stops(deployed, nodes):
+def test_a_max_model_len_beyond_the_models_is_refused_before_anything_stops(nodes):
     started = _started(nodes)
     run = serve("-e", "vllm_serve_max_model_len=100000")
     assert run.rc != 0
