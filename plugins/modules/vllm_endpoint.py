@@ -28,22 +28,9 @@ attributes:
     description: Nothing is changed, so there is no diff.
 requirements:
   - Docker SDK for Python (the C(docker) package) on the node, when O(watch) is not empty.
+extends_documentation_fragment:
+  - dgx_spark.cluster.vllm_endpoint
 options:
-  url:
-    description: Base URL of the OpenAI-compatible server, without C(/v1).
-    type: str
-    default: http://127.0.0.1:8000
-  api_key:
-    description: Bearer key for the completion; empty sends none.
-    type: str
-    default: ""
-  model:
-    description: Served model name to ask for the completion.
-    type: str
-  completion:
-    description: Require a one-token completion as well as C(/health).
-    type: bool
-    default: true
   prompt:
     description: Prompt of the one-token completion.
     type: str
@@ -52,10 +39,6 @@ options:
     description: Seconds to wait in all.
     type: int
     default: 300
-  request_timeout:
-    description: Seconds one completion request may take.
-    type: int
-    default: 60
   watch:
     description: Names of the serving containers on this node to watch while waiting.
     type: list

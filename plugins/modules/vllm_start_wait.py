@@ -41,26 +41,9 @@ attributes:
     description: Nothing is changed, so there is no diff.
 requirements:
   - Docker SDK for Python (the C(docker) package) on the node.
+extends_documentation_fragment:
+  - dgx_spark.cluster.vllm_endpoint
 options:
-  url:
-    description: Base URL of the OpenAI-compatible server, without C(/v1), as the node reaches it.
-    type: str
-    default: http://127.0.0.1:8000
-  api_key:
-    description: Bearer key for the completion; empty sends none.
-    type: str
-    default: ""
-  model:
-    description: Served model name to ask for the completion.
-    type: str
-  completion:
-    description: Require a one-token completion as well as C(/health).
-    type: bool
-    default: true
-  request_timeout:
-    description: Seconds one completion request may take.
-    type: int
-    default: 60
   watch:
     description: The serving containers on this node whose logs show the start.
     type: list
