@@ -186,10 +186,12 @@ def _log_excerpt(client, names: list[str]) -> str:
 
 
 def _logs_since(client, names: list[str], since: float) -> dict:
+    # The Docker SDK takes only a positive since: 0 (from the start) is no since at all.
+    after = {"since": int(since)} if int(since) > 0 else {}
     logs = {}
     for name in names:
         try:
-            raw = client.api.logs(name, timestamps=True, since=int(since), tail=LOG_LINES)
+            raw = client.api.logs(name, timestamps=True, tail=LOG_LINES, **after)
         except docker.errors.APIError:
             continue
         logs[name] = raw.decode("utf-8", "replace").splitlines()

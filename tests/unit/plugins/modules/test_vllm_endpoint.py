@@ -73,6 +73,10 @@ class FakeDocker:
                 "RestartCount": state.get("restarts", 0)}  # fmt: skip
 
     def logs(self, name, tail, **options):
+        # As the Docker SDK does: a since that is not a positive int is refused.
+        since = options.get("since", 1)
+        if not (isinstance(since, int) and since > 0):
+            raise ValueError(f"since value should be datetime or positive int, not {type(since)}")
         self.log_calls.append(options)
         return self.logs_text.encode()
 
@@ -165,3 +169,12 @@ def test_logs_since_come_back_with_dockers_timestamps(monkeypatch):
     logs = vllm_endpoint._logs_since(client, ["vllm"], 1796119200.7)
     assert logs == {"vllm": ["2026-12-01T10:00:01Z a", "b"]}
     assert client.log_calls == [{"timestamps": True, "since": 1796119200}]
+
+
+def test_logs_from_the_start_ask_docker_for_no_since(monkeypatch):
+    # The Docker SDK refuses since=0 ("since value should be datetime or positive int"): the
+    # start's wait asks for every line with 0, which must reach Docker as no since at all.
+    monkeypatch.setattr(vllm_endpoint, "docker", FakeDocker)
+    client = FakeDocker([{"running": True, "started": "t0"}], logs="2026-12-01T10:00:01Z a\n")
+    assert vllm_endpoint._logs_since(client, ["vllm"], 0.0) == {"vllm": ["2026-12-01T10:00:01Z a"]}
+    assert client.log_calls == [{"timestamps": True}]

@@ -1,0 +1,30 @@
+# Copyright: contributors to the dgx_spark.cluster collection
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""The options every module that asks the OpenAI-compatible endpoint shares."""
+
+from __future__ import annotations
+
+
+class ModuleDocFragment:
+    DOCUMENTATION = r"""
+options:
+  url:
+    description: Base URL of the OpenAI-compatible server, without C(/v1), as the node reaches it.
+    type: str
+    default: http://127.0.0.1:8000
+  api_key:
+    description: Bearer key for the completion; empty sends none.
+    type: str
+    default: ""
+  model:
+    description: Served model name to ask for the completion.
+    type: str
+  completion:
+    description: Require a one-token completion as well as C(/health).
+    type: bool
+    default: true
+  request_timeout:
+    description: Seconds one completion request may take.
+    type: int
+    default: 60
+"""
