@@ -1,8 +1,8 @@
 """The serving stage on the running pair: the key on every route, secrets kept out of sight,
 and the ranks restarted as one group when a key rotates or the ranks fall out of step; what
 the serving image's vLLM refuses before any start touches no container (a start that does not
-serve is rolled back: test_first_start, test_upgrade and test_weights); the multinode backend stays selectable, and its watchdogs
-bring back a head rank that restarted alone.
+serve is rolled back: test_first_start, test_upgrade and test_weights); the multinode backend
+stays selectable, and its watchdogs bring back a head rank that restarted alone.
 
 Needs the deployed pair (make demo, or molecule default). Each test leaves the pair serving;
 the module ends with the inventory's own settings deployed again, by deploy.yml.
