@@ -141,8 +141,10 @@ class ActionModule(ActionBase):
                 and (progress.phase, summary) != shown
                 or now - last_print >= args["report_every"]
             ):
+                # On stderr: the terminal shows it, and a JSON callback on stdout stays JSON.
                 display.display(
-                    f"[{node}] vLLM start, {elapsed // 60}m{elapsed % 60:02d}s: {summary}"
+                    f"[{node}] vLLM start, {elapsed // 60}m{elapsed % 60:02d}s: {summary}",
+                    stderr=True,
                 )
                 shown, last_print = (progress.phase, summary), now
             result["phase"] = progress.phase

@@ -31,7 +31,13 @@ def _run(monkeypatch, answers, clock, step, **extra):
     printed: list[str] = []
     polls: list[float] = []
     monkeypatch.setattr(vllm_start_wait.time, "time", clock.time)
-    monkeypatch.setattr(vllm_start_wait.display, "display", printed.append)
+
+    def show(msg, stderr=False):
+        # Progress goes to stderr, so a JSON callback's stdout stays JSON.
+        assert stderr is True, msg
+        printed.append(msg)
+
+    monkeypatch.setattr(vllm_start_wait.display, "display", show)
     action = vllm_start_wait.ActionModule.__new__(vllm_start_wait.ActionModule)
 
     def poll(args, baseline, since, task_vars):
