@@ -85,7 +85,8 @@ class ActionModule(ActionBase):
         result = self._wait(args, node, task_vars)
         if args["leader"] and args["group"]:
             write_verdict(args["group"], result["started"], result)
-        del result["started"]
+        # How long the start took to serve (or to be judged), as the wait saw it.
+        result["seconds"] = round(time.time() - result.pop("started"), 1)
         if not result["healthy"] and args["fail_on_unhealthy"]:
             result["failed"] = True
             detail = f": {result['excerpt']}" if result.get("excerpt") else ""

@@ -95,6 +95,11 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+seconds:
+  description: Seconds from the start of the wait to its verdict.
+  returned: always
+  type: float
+  sample: 74.2
 healthy:
   description: The endpoint answered C(/health) and, with O(completion), a completion.
   returned: always
