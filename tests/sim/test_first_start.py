@@ -12,6 +12,7 @@ Needs the deployed pair. The module ends with the inventory's own settings deplo
 from __future__ import annotations
 
 import json
+import re
 import time
 
 import pytest
@@ -70,7 +71,8 @@ def test_a_stalled_start_is_judged_within_the_stall_time_naming_its_phase(nodes)
     wait = _wait(run)
     assert not wait["healthy"] and wait["stalled"] is True and wait["phase"] == "weights"
     assert "the start stalled while loading weights" in wait["reason"], wait["reason"]
-    assert "1/2 shards" in wait["reason"], wait["reason"]
+    # The shard bar shows what it last drew: tqdm may not redraw 1/2 before the stall.
+    assert re.search(r"[01]/2 shards", wait["reason"]), wait["reason"]
     # judged one stall time after the last shard, give or take a poll and the load before it
     assert STALL <= wait["seconds"] < 2 * STALL + 30, wait["seconds"]
     message = " ".join(run.failures())
