@@ -56,7 +56,7 @@ sim-clean: venv
 	$(PY) sim/simctl.py down --purge
 
 sim-test: sim-up
-	$(BIN)/pytest -q tests/sim
+	$(BIN)/pytest -q --durations=40 tests/sim
 
 build: venv
 	$(BIN)/ansible-galaxy collection build --force --output-path .cache/dist .
@@ -82,7 +82,7 @@ test:
 	$(PHASES) run bootstrap -- tools/bootstrap.sh
 	$(PHASES) run venv -- $(MAKE) --no-print-directory venv
 	$(PHASES) run checks+sim-up -- $(MAKE) --no-print-directory -j2 --output-sync=line timed-checks timed-sim-up
-	$(PHASES) run sim-test -- $(BIN)/pytest -q tests/sim
+	$(PHASES) run sim-test -- $(BIN)/pytest -q --durations=40 tests/sim
 	$(PHASES) run molecule -- $(MAKE) --no-print-directory molecule-scenarios
 	@$(PHASES) table
 

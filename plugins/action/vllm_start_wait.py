@@ -105,6 +105,13 @@ class ActionModule(ActionBase):
             module_name=ENDPOINT, module_args=module_args, task_vars=task_vars
         )
 
+    @staticmethod
+    def _show(result: dict, node: str, elapsed: int, summary: str) -> None:
+        line = f"vLLM start, {elapsed // 60}m{elapsed % 60:02d}s: {summary}"
+        result["progress"].append(line)
+        # On stderr: the terminal shows it, and a JSON callback on stdout stays JSON.
+        display.display(f"[{node}] {line}", stderr=True)
+
     def _wait(self, args: dict, node: str, task_vars) -> dict:
         started = time.time()
         progress = vllm_start.StartProgress(started)
@@ -114,7 +121,7 @@ class ActionModule(ActionBase):
         shown = ("", "")
         last_print = started
         result = {"changed": False, "healthy": False, "reason": "", "excerpt": "", "text": "",
-                  "phase": progress.phase, "started": started}  # fmt: skip
+                  "phase": progress.phase, "progress": [], "started": started}  # fmt: skip
         while True:
             answer = self._poll(args, baseline, since, task_vars)
             if answer.get("failed"):
@@ -142,17 +149,17 @@ class ActionModule(ActionBase):
                 and (progress.phase, summary) != shown
                 or now - last_print >= args["report_every"]
             ):
-                # On stderr: the terminal shows it, and a JSON callback on stdout stays JSON.
-                display.display(
-                    f"[{node}] vLLM start, {elapsed // 60}m{elapsed % 60:02d}s: {summary}",
-                    stderr=True,
-                )
+                self._show(result, node, elapsed, summary)
                 shown, last_print = (progress.phase, summary), now
             result["phase"] = progress.phase
             for key in ("healthy", "reason", "excerpt", "text"):
                 result[key] = answer.get(key, result[key])
             if answer.get("healthy"):
                 result["reason"] = ""
+                if progress.phase != "serving":
+                    # The endpoint answered before its log line came: it serves all the same.
+                    result["phase"] = "serving"
+                    self._show(result, node, elapsed, "serving")
                 return result
             if not answer.get("timed_out"):
                 return result  # a container exited or restarted, or the key was refused

@@ -120,6 +120,12 @@ phase:
   returned: always
   type: str
   sample: weights
+progress:
+  description: The progress lines the wait printed, in order (the last is V(serving) when it served).
+  returned: always
+  type: list
+  elements: str
+  sample: ["vLLM start, 0m40s: loading weights: 10.0.0.2 1/2 shards", "vLLM start, 1m02s: serving"]
 stalled:
   description: The start ended because its logs showed no progress for O(stall_timeout).
   returned: when the start stalled or reached O(timeout)

@@ -26,6 +26,7 @@ SIM_MON = yaml.safe_load((ROOT / "inventories/sim/group_vars/all/monitoring.yml"
 DASHBOARD = json.loads((ROOT / "roles/monitoring/files/dgx_spark_dashboard.json").read_text())
 PORT = 9090
 ON = ("-e", "spark_monitoring=true")
+COUNTERS = ("vllm:request_success_total", "vllm:generation_tokens_total")
 
 
 def prom(head, path: str, **params) -> dict:
@@ -91,16 +92,25 @@ def test_a_second_run_changes_nothing(monitored):
 def test_prometheus_holds_vllms_counters_and_both_nodes_memory(monitored):
     head = monitored[0]
     sent = 12
+
+    def total(name: str) -> float:
+        held = query(head, f"sum({name})")
+        return float(held[0]["value"][1]) if held else -1.0
+
+    # The counters count since the server started (earlier requests too), and a scrape may
+    # land between two of ours: wait until a scrape holds all of this test's requests and
+    # tokens over what the counters held before them.
+    before = {name: max(total(name), 0.0) for name in COUNTERS}
     tokens = sum(complete(head, f"spark {i}") for i in range(sent))
     assert tokens > 0
+    wanted = {"vllm:request_success_total": sent, "vllm:generation_tokens_total": tokens}
 
     def counted():
-        done = query(head, "sum(vllm:request_success_total)")
-        return done and float(done[0]["value"][1]) >= sent
+        held = {name: total(name) - before[name] for name in COUNTERS}
+        return all(held[name] >= wanted[name] for name in COUNTERS) and held
 
-    wait_for("vLLM's request counter in Prometheus", counted, 60)
-    generated = query(head, "sum(vllm:generation_tokens_total)")
-    assert float(generated[0]["value"][1]) >= tokens
+    held = wait_for("vLLM's request and token counters in Prometheus", counted, 60)
+    print(f"\nPrometheus counted {held} for {sent} requests and {tokens} tokens")
     assert float(query(head, "sum(vllm:prompt_tokens_total)")[0]["value"][1]) > 0
     memory = {r["metric"]["node"]: float(r["value"][1])
               for r in query(head, "node_memory_MemAvailable_bytes")}  # fmt: skip

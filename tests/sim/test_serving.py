@@ -27,7 +27,7 @@ KEY = SERVE["vllm_serve_api_key"]
 MODEL = SERVE["vllm_serve_served_model_name"]
 ROTATED = "rotated-sim-key-0123"
 WAIT_TASK = "Wait until the pair serves, showing the start's progress"
-ROLLBACK_WAIT_TASK = "Wait until the previous configuration serves again"
+ROLLBACK_WAIT_TASK = "Wait until the previous configuration serves again, showing its progress"
 
 
 def base_url(nodes) -> str:

@@ -75,6 +75,21 @@ def test_a_slow_start_that_progresses_serves_past_the_old_deadline(monkeypatch):
         "[spark-1] vLLM start, 40m30s: loading weights: driver 80/80 shards, 30.00s/it"
     )
     assert printed[-1] == "[spark-1] vLLM start, 41m00s: serving"
+    # The result carries the same lines, without the node, for a caller to show or check.
+    assert result["progress"] == [line.removeprefix("[spark-1] ") for line in printed]
+
+
+def test_an_endpoint_that_answers_before_its_log_line_ends_the_progress_with_serving(monkeypatch):
+    shard = "2026-12-01T10:00:10.000000000Z Loading safetensors checkpoint shards: " \
+            "100% Completed | 2/2 [00:00<00:00, 5.00s/it]"  # fmt: skip
+    answers = [_log([shard]), {"healthy": True, "timed_out": False, "reason": ""}]
+    result, printed, _polls = _run(monkeypatch, answers, Clock(), step=10)
+    assert result["healthy"] and result["phase"] == "serving"
+    assert result["progress"] == [
+        "vLLM start, 0m10s: loading weights: driver 2/2 shards, 5.00s/it",
+        "vLLM start, 0m20s: serving",
+    ]
+    assert len(printed) == 2
 
 
 def test_a_stalled_start_is_judged_within_the_stall_time_naming_the_phase(monkeypatch):
