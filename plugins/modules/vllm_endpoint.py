@@ -59,7 +59,8 @@ options:
     description:
       - With a value of 0 or more, also return the watched containers' log lines written
         since that time (seconds since the epoch, whole seconds), each with Docker's
-        timestamp (RV(logs)).
+        timestamp (RV(logs)). Lines from before a container's current run never come back
+        (a container started again keeps its earlier run's log).
     type: float
     default: -1
 """
@@ -128,7 +129,10 @@ import urllib.error  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib  # noqa: E402
 from ansible.module_utils.urls import open_url  # noqa: E402
-from ansible_collections.dgx_spark.cluster.plugins.module_utils import vllm_health  # noqa: E402
+from ansible_collections.dgx_spark.cluster.plugins.module_utils import (  # noqa: E402
+    vllm_health,
+    vllm_start,
+)
 
 try:
     import docker
@@ -185,13 +189,26 @@ def _log_excerpt(client, names: list[str]) -> str:
     return " || ".join(parts)
 
 
-def _logs_since(client, names: list[str], since: float) -> dict:
-    # The Docker SDK takes only a positive since: 0 (from the start) is no since at all.
-    after = {"since": int(since)} if int(since) > 0 else {}
+def _run_start(state: dict) -> int:
+    """The whole second the container's current run started (0 when Docker does not say)."""
+    try:
+        return max(int(vllm_start.docker_time(state.get("started_at") or "")), 0)
+    except ValueError:
+        return 0
+
+
+def _logs_since(client, names: list[str], since: float, states: dict | None = None) -> dict:
+    """Each container's log lines since ``since``, and never from before its current run: a
+    container started again (a rollback starts the previous one) keeps its earlier run's log,
+    whose lines would tell an old start's progress as the new one's."""
     logs = {}
     for name in names:
+        after = max(int(since), _run_start((states or {}).get(name) or {}))
+        # The Docker SDK takes only a positive since: 0 (from the start) is no since at all.
         try:
-            raw = client.api.logs(name, timestamps=True, tail=LOG_LINES, **after)
+            raw = client.api.logs(
+                name, timestamps=True, tail=LOG_LINES, **({"since": after} if after > 0 else {})
+            )
         except docker.errors.APIError:
             continue
         logs[name] = raw.decode("utf-8", "replace").splitlines()
@@ -270,7 +287,12 @@ def main() -> None:
     result["seconds"] = round(time.monotonic() - started, 1)
     result["logs"] = {}
     if client and module.params["logs_since"] >= 0:
-        result["logs"] = _logs_since(client, module.params["watch"], module.params["logs_since"])
+        result["logs"] = _logs_since(
+            client,
+            module.params["watch"],
+            module.params["logs_since"],
+            _states(client, module.params["watch"]),
+        )
     if not result["healthy"] and module.params["fail_on_unhealthy"]:
         detail = f": {result['excerpt']}" if result["excerpt"] else ""
         module.fail_json(msg=f"the endpoint does not serve ({result['reason']}){detail}", **result)

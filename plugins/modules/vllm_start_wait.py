@@ -121,7 +121,8 @@ phase:
   type: str
   sample: weights
 progress:
-  description: The progress lines the wait printed, in order (the last is V(serving) when it served).
+  description: The progress lines the wait printed, in order (the last is V(serving) when it
+    served).
   returned: always
   type: list
   elements: str

@@ -178,3 +178,25 @@ def test_logs_from_the_start_ask_docker_for_no_since(monkeypatch):
     client = FakeDocker([{"running": True, "started": "t0"}], logs="2026-12-01T10:00:01Z a\n")
     assert vllm_endpoint._logs_since(client, ["vllm"], 0.0) == {"vllm": ["2026-12-01T10:00:01Z a"]}
     assert client.log_calls == [{"timestamps": True}]
+
+
+def test_logs_never_come_from_before_the_containers_current_run(monkeypatch):
+    # A rollback starts the previous container again: its log still holds the earlier run,
+    # up to "Application startup complete", which must not count as this start's progress.
+    monkeypatch.setattr(vllm_endpoint, "docker", FakeDocker)
+    client = FakeDocker([{"running": True, "started": "t0"}], logs="2026-12-01T10:17:22Z a\n")
+    states = {"vllm": {"running": True, "restarts": 0,
+                       "started_at": "2026-12-01T10:17:22.620377508Z"}}  # fmt: skip
+    vllm_endpoint._logs_since(client, ["vllm"], 0.0, states)
+    vllm_endpoint._logs_since(client, ["vllm"], 1796120300.0, states)
+    vllm_endpoint._logs_since(client, ["vllm"], 1796124000.0, states)
+    run = 1796120242  # 2026-12-01T10:17:22Z
+    assert client.log_calls == [
+        {"timestamps": True, "since": run},
+        {"timestamps": True, "since": 1796120300},
+        {"timestamps": True, "since": 1796124000},
+    ]
+    # Docker's "never started" time is no start at all.
+    never = {"vllm": {"started_at": "0001-01-01T00:00:00Z"}}
+    vllm_endpoint._logs_since(client, ["vllm"], 0.0, never)
+    assert client.log_calls[-1] == {"timestamps": True}
