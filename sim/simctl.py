@@ -502,7 +502,10 @@ def ensure_networks() -> None:
             raise SimError(f"network {name} exists with other settings; run make sim-down first.")
         docker(
             "network", "create", "--driver", "bridge", "--label", f"{LABEL}=network",
-            "--subnet", spec["subnet"], "-o", f"com.docker.network.driver.mtu={spec['mtu']}", name,
+            "--subnet", spec["subnet"],
+            # Named, so every Docker version records it (20.10 leaves it out of IPAM otherwise).
+            "--gateway", str(ipaddress.ip_network(spec["subnet"])[1]),
+            "-o", f"com.docker.network.driver.mtu={spec['mtu']}", name,
         )  # fmt: skip
         log(f"network {name}: created ({spec['subnet']}, MTU {spec['mtu']})")
 

@@ -7,6 +7,7 @@ outsider reach the serving port again."""
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import re
 import subprocess
@@ -89,10 +90,15 @@ def outsider(sim):
 
 @pytest.fixture(scope="module")
 def controller(sim):
-    """The controller's address on the management network (the bridge's gateway)."""
-    return docker(
-        "network", "inspect", sim.MGMT_NETWORK, "-f", "{{(index .IPAM.Config 0).Gateway}}"
+    """The controller's address on the management network (the bridge's gateway). Docker
+    20.10 records no gateway for a network made without --gateway: it is then the subnet's
+    first address, which Docker gives the bridge."""
+    config = json.loads(
+        docker("network", "inspect", sim.MGMT_NETWORK, "-f", "{{json .IPAM.Config}}")
     )
+    gateway = config[0].get("Gateway") or str(ipaddress.ip_network(config[0]["Subnet"])[1])
+    assert ipaddress.ip_address(gateway), config
+    return gateway
 
 
 @pytest.fixture(scope="module")
