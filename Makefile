@@ -11,11 +11,12 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 PHASES  := python3 benchmarks/phases.py
 export DGX_SPARK_PHASES ?= $(CURDIR)/.cache/phases.log
 
-.PHONY: help bootstrap venv lint unit sanity checks sim-up sim-down sim-clean sim-test molecule test demo teardown build timed-checks timed-sim-up molecule-scenarios
+.PHONY: help bootstrap venv lint unit sanity checks sim-up sim-down sim-clean sim-test molecule test test-drills demo teardown build timed-checks timed-sim-up molecule-scenarios
 
 help:
 	@echo "make demo      bring the simulated pair up and run deploy.yml on it"
 	@echo "make test      lint, unit tests, tests and molecule scenarios on the simulated pair"
+	@echo "make test-drills the fault drills and failed starts' rollbacks on the simulated pair"
 	@echo "make teardown  remove what demo started on the simulated pair"
 	@echo "make sim-up    start (or refresh) the simulated pair"
 	@echo "make sim-down  remove the pair's containers, networks and volumes"
@@ -55,8 +56,19 @@ sim-down: venv
 sim-clean: venv
 	$(PY) sim/simctl.py down --purge
 
+# The sim tests but the drills (tests marked `drill`: faults and failed starts, each a restart
+# or two of the group); test-drills runs those alone, on the pair whatever it serves.
+SIM_TESTS := $(BIN)/pytest -q --durations=40 tests/sim
+
 sim-test: sim-up
-	$(BIN)/pytest -q --durations=40 tests/sim
+	$(SIM_TESTS) -m "not drill"
+
+test-drills:
+	@$(PHASES) begin
+	$(PHASES) run venv -- $(MAKE) --no-print-directory venv
+	$(PHASES) run sim-up -- $(PY) sim/simctl.py up
+	$(PHASES) run drills -- $(SIM_TESTS) -m drill
+	@$(PHASES) table
 
 build: venv
 	$(BIN)/ansible-galaxy collection build --force --output-path .cache/dist .
@@ -82,7 +94,7 @@ test:
 	$(PHASES) run bootstrap -- tools/bootstrap.sh
 	$(PHASES) run venv -- $(MAKE) --no-print-directory venv
 	$(PHASES) run checks+sim-up -- $(MAKE) --no-print-directory -j2 --output-sync=line timed-checks timed-sim-up
-	$(PHASES) run sim-test -- $(BIN)/pytest -q --durations=40 tests/sim
+	$(PHASES) run sim-test -- $(SIM_TESTS) -m "not drill"
 	$(PHASES) run molecule -- $(MAKE) --no-print-directory molecule-scenarios
 	@$(PHASES) table
 

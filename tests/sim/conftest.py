@@ -45,6 +45,14 @@ MODULE_ORDER = (
 )  # fmt: skip
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "drill: a fault drill or a failed start's rollback, each a restart or two of the group "
+        "(minutes on the sim's CPU); `make test` leaves them out, `make test-drills` runs them",
+    )
+
+
 def pytest_collection_modifyitems(items):
     """Runs the modules in MODULE_ORDER (a module not listed runs first, in file order)."""
 

@@ -46,6 +46,7 @@ def _started(nodes) -> str:
     return on_node(nodes[0], *INSPECT).stdout.strip()
 
 
+@pytest.mark.drill
 def test_a_stalled_start_is_judged_within_the_stall_time_naming_its_phase(nodes):
     # The change also brings a new key, which the rolled-back group never serves with.
     extra = {"vllm_serve_env": {"VLLM_DGXSIM_STALL_AT_SHARD": "2"},
@@ -89,6 +90,7 @@ def test_a_max_model_len_beyond_the_models_is_refused_before_anything_stops(node
     assert complete(nodes, KEY)
 
 
+@pytest.mark.drill
 def test_a_slow_start_that_keeps_progressing_serves(nodes):
     """Each shard takes 45 s: the start lasts longer than the stall time (the old rule would
     have ended it at the deadline), but every step comes within it, so it serves."""

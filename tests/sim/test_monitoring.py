@@ -172,6 +172,7 @@ def test_status_names_prometheus(monitored):
     assert "(ready)" in run.messages()
 
 
+@pytest.mark.drill
 def test_stopping_the_endpoint_fires_the_alert(monitored):
     head = monitored[0]
     # Without the watchdog, which would start the container again within seconds.

@@ -184,6 +184,7 @@ def _wait_until_serving(timeout: int) -> bool:
     return False
 
 
+@pytest.mark.drill
 def test_status_fails_when_a_worker_rank_stops(serving, hosts, tmp_path):
     # The worker's rank lives in its serving container (multinode) or its Ray container (ray).
     container = "dgx-spark-vllm" if serving == "multinode" else "dgx-spark-ray"

@@ -13,6 +13,9 @@ from __future__ import annotations
 import pytest
 from conftest import drills
 
+# Every fault here restarts the group (a node's restart, a power cut): `make test-drills`.
+pytestmark = pytest.mark.drill
+
 
 @pytest.fixture(scope="module")
 def cold_start(deployed_pair, nodes):

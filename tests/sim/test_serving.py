@@ -230,6 +230,7 @@ def test_what_the_images_vllm_refuses_touches_no_container(deployed, hosts, node
     assert client.failed == 0 and client.longest_gap() < 5
 
 
+@pytest.mark.drill
 def test_the_multinode_backend_stays_selectable_and_heals_a_head_rank(deployed, hosts, nodes):
     run = serve("-e", "vllm_serve_backend=multinode")
     assert run.rc == 0, run.failures() or run.raw[-3000:]

@@ -125,6 +125,7 @@ def test_an_image_rebuild_reaches_every_rank(upgrade, nodes):
     assert gap <= start + 30, (gap, start)
 
 
+@pytest.mark.drill
 def test_a_new_image_that_does_not_serve_is_rolled_back_as_a_whole(upgrade, nodes):
     serving = {n.name: node_image_id(n, ALIAS) for n in nodes}
     # The donor's vLLM imports, parses the command line and lists its models; only its

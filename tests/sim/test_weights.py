@@ -76,6 +76,7 @@ def test_a_broken_worker_copy_is_refused_before_any_rank_restarts(deployed_pair,
         assert started(nodes) == before
 
 
+@pytest.mark.drill
 def test_a_shard_the_check_cannot_see_fails_the_start_and_rolls_back(deployed_pair):
     nodes = deployed_pair
     with worker_shard(nodes) as (worker, path):
