@@ -46,6 +46,16 @@ def vllm_serve_start_setting_errors(stall_timeout, health_timeout, load_format="
     return vllm_start.setting_errors(stall_timeout, health_timeout, load_format)
 
 
+def vllm_serve_watchdog_setting_errors(interval, failures, max_restarts, window):
+    """What the watchdog's settings refuse, as messages naming the variables."""
+    return vllm_start.watchdog_setting_errors(interval, failures, max_restarts, window)
+
+
+def vllm_serve_auth_errors(key_set, hardware, allow_unauthenticated, port):
+    """The key rule on real Sparks, as messages naming the variables (never the key)."""
+    return vllm_command.auth_errors(key_set, hardware, allow_unauthenticated, port)
+
+
 def vllm_serve_load_format(setting, modules=None):
     """[the --load-format to use ('' for vLLM's default), why], from the image's modules."""
     return list(vllm_start.choose_load_format(str(setting), dict(modules or {})))
@@ -58,6 +68,8 @@ class FilterModule:
             "vllm_serve_env": vllm_serve_env,
             "vllm_serve_parallel_error": vllm_serve_parallel_error,
             "vllm_serve_setting_errors": vllm_serve_setting_errors,
+            "vllm_serve_watchdog_setting_errors": vllm_serve_watchdog_setting_errors,
+            "vllm_serve_auth_errors": vllm_serve_auth_errors,
             "vllm_serve_start_setting_errors": vllm_serve_start_setting_errors,
             "vllm_serve_load_format": vllm_serve_load_format,
         }

@@ -93,6 +93,19 @@ def setting_errors(settings: dict) -> list[str]:
     return errors
 
 
+def auth_errors(key_set, hardware, allow_unauthenticated, port) -> list[str]:
+    """The endpoint's key rule: on real Sparks (``spark_hardware``) the endpoint needs a key,
+    unless the inventory serves without one on purpose (``vllm_serve_allow_unauthenticated``).
+    Only whether a key is set comes in: the key itself never reaches a message."""
+    if key_set is True or hardware is not True or allow_unauthenticated is True:
+        return []
+    return [
+        f"vllm_serve_api_key is empty, so anyone who reaches port {port} could use the model; "
+        "allowed: a key, kept in a vault (ansible-vault encrypt_string --name "
+        "vllm_serve_api_key ...), or vllm_serve_allow_unauthenticated: true to serve without one"
+    ]
+
+
 def check_extra_args(extra_args) -> None:
     """Refuse extra arguments that are not strings or that repeat a flag the role manages."""
     if not isinstance(extra_args, (list, tuple)):

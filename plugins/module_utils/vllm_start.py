@@ -317,6 +317,41 @@ def setting_errors(stall_timeout, health_timeout, load_format="auto") -> list[st
     return errors
 
 
+# The watchdog's settings, whole numbers each: seconds between probes (a probe waits as long
+# at most), unanswered probes before a restart, restarts before it gives up, and the seconds
+# over which it counts them.
+WATCHDOG_RANGES = {
+    "interval": (2, 600, "seconds"),
+    "failures": (1, 20, "probes"),
+    "max_restarts": (1, 20, "restarts"),
+    "window": (60, 86400, "seconds"),
+}
+
+
+def watchdog_setting_errors(interval, failures, max_restarts, window) -> list[str]:
+    """What the watchdog's settings refuse, each message naming its variable and the range.
+    The window must hold at least one judged failure (interval x failures): a shorter one
+    could never count a second restart, and max_restarts would mean nothing."""
+    given = {"interval": interval, "failures": failures, "max_restarts": max_restarts,
+             "window": window}  # fmt: skip
+    errors, whole = [], {}
+    for name, value in given.items():
+        low, high, unit = WATCHDOG_RANGES[name]
+        whole[name] = _whole(value)
+        if whole[name] is None or not low <= whole[name] <= high:
+            errors.append(
+                f"vllm_serve_watchdog_{name} is {value!r}; allowed: whole {unit} {low}-{high}"
+            )
+    if not errors and whole["window"] < whole["interval"] * whole["failures"]:
+        judged = whole["interval"] * whole["failures"]
+        errors.append(
+            f"vllm_serve_watchdog_window is {window!r}; allowed: at least "
+            f"vllm_serve_watchdog_interval x vllm_serve_watchdog_failures ({judged} s), the time "
+            "one failure takes to judge"
+        )
+    return errors
+
+
 # The fast loaders vLLM knows by --load-format, most preferred first, with the module each
 # needs in the serving image.
 FAST_LOADERS = (("fastsafetensors", "fastsafetensors"), ("instanttensor", "instanttensor"))

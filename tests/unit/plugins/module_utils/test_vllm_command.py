@@ -226,3 +226,62 @@ def test_empty_values_leave_vllms_defaults():
         max_model_len="", gpu_memory_utilization="", max_num_batched_tokens=None
     )
     assert vllm_command.setting_errors(settings) == []
+
+
+def _inventory(name: str) -> dict:
+    """An inventory's group_vars/all over the role's defaults (the values a run sees)."""
+    seen = dict(DEFAULTS)
+    for path in sorted((ROOT / "inventories" / name / "group_vars" / "all").glob("*.yml")):
+        seen.update(yaml.safe_load(path.read_text()) or {})
+    return seen
+
+
+def _auth_errors(seen: dict) -> list[str]:
+    return vllm_command.auth_errors(
+        len(seen["vllm_serve_api_key"]) > 0,
+        bool(seen.get("spark_hardware", False)),
+        bool(seen["vllm_serve_allow_unauthenticated"]),
+        seen["vllm_serve_port"],
+    )
+
+
+def test_the_sparks_inventory_without_its_vaulted_key_is_refused():
+    """inventories/sparks sets spark_hardware and no key (the key belongs in a vault): as it
+    ships, the run is refused before any change, naming the variable and both ways out."""
+    sparks = _inventory("sparks")
+    assert sparks["spark_hardware"] is True and sparks["vllm_serve_api_key"] == ""
+    (error,) = _auth_errors(sparks)
+    assert error.startswith("vllm_serve_api_key is empty, so anyone who reaches port 8000")
+    assert "ansible-vault encrypt_string --name vllm_serve_api_key" in error
+    assert "vllm_serve_allow_unauthenticated: true" in error
+    assert _auth_errors({**sparks, "vllm_serve_api_key": "sk-vaulted"}) == []
+    assert _auth_errors({**sparks, "vllm_serve_allow_unauthenticated": True}) == []
+
+
+def test_the_sim_serves_with_its_key_and_would_not_need_one():
+    sim = _inventory("sim")
+    assert sim["spark_hardware"] is False and sim["vllm_serve_api_key"]
+    assert _auth_errors(sim) == []
+    assert _auth_errors({**sim, "vllm_serve_api_key": ""}) == []
+
+
+@pytest.mark.parametrize(
+    ("key_set", "hardware", "allow", "refused"),
+    [
+        (False, True, False, True),
+        (True, True, False, False),
+        (False, True, True, False),
+        (False, False, False, False),
+        # Only a real bool counts (the role passes `| bool`): anything else is no opt-out.
+        (False, True, "true", True),
+        ("yes", True, False, True),
+    ],
+)
+def test_auth_errors(key_set, hardware, allow, refused):
+    errors = vllm_command.auth_errors(key_set, hardware, allow, 8000)
+    assert bool(errors) is refused, errors
+
+
+def test_auth_errors_never_quote_a_key():
+    """The rule gets only whether a key is set; a set key passes, whatever it is."""
+    assert vllm_command.auth_errors(True, True, False, 8000) == []

@@ -255,3 +255,26 @@ def test_a_captured_ray_start_tells_the_ranks_apart_by_node():
     assert not any("\x1b" in e["text"] for e in events)
     bars = [e["bar"] for e in events if e.get("bar")]
     assert [(b["k"], b["n"]) for b in bars] == [(0, 2), (2, 2)]
+
+
+@pytest.mark.parametrize(
+    ("interval", "failures", "restarts", "window", "expected"),
+    [
+        (30, 3, 3, 1800, []),  # the role's defaults
+        (10, 3, 3, 1800, []),  # the sim's
+        (0, 3, 3, 1800, ["vllm_serve_watchdog_interval is 0; allowed: whole seconds 2-600"]),
+        (1.5, 3, 3, 1800, ["vllm_serve_watchdog_interval is 1.5; allowed: whole seconds 2-600"]),
+        ("30", 3, 3, 1800, []),  # from an extra var, as a string
+        (30, 0, 3, 1800, ["vllm_serve_watchdog_failures is 0; allowed: whole probes 1-20"]),
+        (30, 3, -1, 1800, ["vllm_serve_watchdog_max_restarts is -1; allowed: whole restarts 1-20"]),
+        (30, 3, 3, 10, ["vllm_serve_watchdog_window is 10; allowed: whole seconds 60-86400"]),
+        (True, 3, 3, 1800, ["vllm_serve_watchdog_interval is True; allowed: whole seconds 2-600"]),
+        (
+            600, 20, 3, 3600,
+            ["vllm_serve_watchdog_window is 3600; allowed: at least vllm_serve_watchdog_interval "
+             "x vllm_serve_watchdog_failures (12000 s), the time one failure takes to judge"],
+        ),
+    ],
+)  # fmt: skip
+def test_watchdog_setting_errors(interval, failures, restarts, window, expected):
+    assert vllm_start.watchdog_setting_errors(interval, failures, restarts, window) == expected
