@@ -1,13 +1,15 @@
 # Copyright: contributors to the dgx_spark.cluster collection
 # SPDX-License-Identifier: GPL-3.0-or-later
 """Filters the operate role uses; thin wrappers over plugins/module_utils/pair_status,
-ray_status and bench_results (documented in the sidecar YAML files next to this one)."""
+ray_status, bench_results and operate_settings (documented in the sidecar YAML files next to
+this one)."""
 
 from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
 from ansible_collections.dgx_spark.cluster.plugins.module_utils import (
     bench_results,
+    operate_settings,
     pair_status,
     ray_status,
 )
@@ -81,6 +83,11 @@ def operate_mask_secrets(value, secrets=None):
     return pair_status.mask_secrets(value, [str(s) for s in (secrets or []) if s])
 
 
+def operate_setting_errors(settings):
+    """What the operate role's settings refuse, as messages naming the variables."""
+    return operate_settings.setting_errors(dict(settings))
+
+
 class FilterModule:
     def filters(self):
         return {
@@ -89,4 +96,5 @@ class FilterModule:
             "operate_bench_summary": operate_bench_summary,
             "operate_container_logs": operate_container_logs,
             "operate_mask_secrets": operate_mask_secrets,
+            "operate_setting_errors": operate_setting_errors,
         }

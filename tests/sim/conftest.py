@@ -33,12 +33,13 @@ simctl = _load("simctl", ROOT / "sim" / "simctl.py")
 drills = _load("drills", ROOT / "benchmarks" / "drills.py")
 
 
-# The order the modules run in. Read-only checks and refusals first; then the stages' own
-# tests, the faults and the serving changes; last the modules that need a freshly recorded
-# deployment (test_rerun), which test_serving's restore (a full deploy.yml) leaves behind,
-# and the teardown, which deploys again afterwards.
+# The order the modules run in. Read-only checks and refusals first (host_prep.yml on the
+# fresh pair, before any deploy: a stage run alone on nodes nothing prepared); then the
+# stages' own tests, the faults and the serving changes; last the modules that need a freshly
+# recorded deployment (test_rerun), which test_serving's restore (a full deploy.yml) leaves
+# behind, and the teardown, which deploys again afterwards.
 MODULE_ORDER = (
-    "test_pair", "test_vllm_registry_info", "test_image_inputs", "test_host_prep",
+    "test_pair", "test_vllm_registry_info", "test_host_prep", "test_image_inputs",
     "test_firewall", "test_model_cache", "test_chat", "test_weights", "test_first_start",
     "test_collective", "test_operate", "test_monitoring", "test_recovery", "test_upgrade",
     "test_serving", "test_rerun", "test_teardown",
