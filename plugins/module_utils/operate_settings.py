@@ -5,15 +5,10 @@ names its variable and what is allowed."""
 
 from __future__ import annotations
 
-
-def _whole(value) -> int | None:
-    if isinstance(value, bool):
-        return None
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return int(number) if number.is_integer() else None
+from ansible_collections.dgx_spark.cluster.plugins.module_utils.setting_ranges import (
+    range_errors,
+    whole,
+)
 
 
 def _number(value) -> float | None:
@@ -41,13 +36,7 @@ METRICS_INTERVAL = (0.1, 60.0)
 
 def setting_errors(settings: dict) -> list[str]:
     """What the operate role's settings refuse; only the settings present are checked."""
-    errors = []
-    for name, (low, high, unit) in WHOLE.items():
-        if name not in settings:
-            continue
-        value = _whole(settings[name])
-        if value is None or not low <= value <= high:
-            errors.append(f"{name} is {settings[name]!r}; allowed: whole {unit} {low}-{high}")
+    errors = range_errors(settings, WHOLE)
     if "operate_status_metrics_interval" in settings:
         value = _number(settings["operate_status_metrics_interval"])
         low, high = METRICS_INTERVAL
@@ -69,7 +58,7 @@ def setting_errors(settings: dict) -> list[str]:
     if (
         not isinstance(concurrency, list)
         or not concurrency
-        or not all((_whole(c) or 0) >= 1 for c in concurrency)
+        or not all((whole(c) or 0) >= 1 for c in concurrency)
     ):
         errors.append(
             f"operate_benchmark_concurrency is {concurrency!r}; allowed: a list of one or more "
@@ -82,8 +71,8 @@ def setting_errors(settings: dict) -> list[str]:
         or not all(
             isinstance(pair, dict)
             and set(pair) == {"input", "output"}
-            and (_whole(pair["input"]) or 0) >= 1
-            and (_whole(pair["output"]) or 0) >= 1
+            and (whole(pair["input"]) or 0) >= 1
+            and (whole(pair["output"]) or 0) >= 1
             for pair in lengths
         )
     ):

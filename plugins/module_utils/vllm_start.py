@@ -43,6 +43,11 @@ import calendar
 import re
 import time
 
+from ansible_collections.dgx_spark.cluster.plugins.module_utils.setting_ranges import (
+    range_errors,
+    whole,
+)
+
 PHASES = ("starting", "peers", "weights", "compile", "kv_cache", "server", "serving")
 PHASE_LABELS = {
     "starting": "starting the processes",
@@ -281,20 +286,10 @@ CEILING_MAX = 86400
 LOAD_FORMAT_WORD = re.compile(r"^[a-z][a-z0-9_]*$")
 
 
-def _whole(value) -> int | None:
-    if isinstance(value, bool):
-        return None
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return int(number) if number.is_integer() else None
-
-
 def setting_errors(stall_timeout, health_timeout, load_format="auto") -> list[str]:
     """What the start's own settings refuse, each message naming its variable and the range."""
     errors = []
-    stall = _whole(stall_timeout)
+    stall = whole(stall_timeout)
     low, high = STALL_RANGE
     if stall is None or not low <= stall <= high:
         errors.append(
@@ -302,7 +297,7 @@ def setting_errors(stall_timeout, health_timeout, load_format="auto") -> list[st
             f"{low}-{high}"
         )
         stall = low
-    ceiling = _whole(health_timeout)
+    ceiling = whole(health_timeout)
     if ceiling is None or not stall <= ceiling <= CEILING_MAX:
         errors.append(
             f"vllm_serve_health_timeout is {health_timeout!r}; allowed: whole seconds from "
@@ -321,10 +316,10 @@ def setting_errors(stall_timeout, health_timeout, load_format="auto") -> list[st
 # at most), unanswered probes before a restart, restarts before it gives up, and the seconds
 # over which it counts them.
 WATCHDOG_RANGES = {
-    "interval": (2, 600, "seconds"),
-    "failures": (1, 20, "probes"),
-    "max_restarts": (1, 20, "restarts"),
-    "window": (60, 86400, "seconds"),
+    "vllm_serve_watchdog_interval": (2, 600, "seconds"),
+    "vllm_serve_watchdog_failures": (1, 20, "probes"),
+    "vllm_serve_watchdog_max_restarts": (1, 20, "restarts"),
+    "vllm_serve_watchdog_window": (60, 86400, "seconds"),
 }
 
 
@@ -332,18 +327,15 @@ def watchdog_setting_errors(interval, failures, max_restarts, window) -> list[st
     """What the watchdog's settings refuse, each message naming its variable and the range.
     The window must hold at least one judged failure (interval x failures): a shorter one
     could never count a second restart, and max_restarts would mean nothing."""
-    given = {"interval": interval, "failures": failures, "max_restarts": max_restarts,
-             "window": window}  # fmt: skip
-    errors, whole = [], {}
-    for name, value in given.items():
-        low, high, unit = WATCHDOG_RANGES[name]
-        whole[name] = _whole(value)
-        if whole[name] is None or not low <= whole[name] <= high:
-            errors.append(
-                f"vllm_serve_watchdog_{name} is {value!r}; allowed: whole {unit} {low}-{high}"
-            )
-    if not errors and whole["window"] < whole["interval"] * whole["failures"]:
-        judged = whole["interval"] * whole["failures"]
+    given = {
+        "vllm_serve_watchdog_interval": interval,
+        "vllm_serve_watchdog_failures": failures,
+        "vllm_serve_watchdog_max_restarts": max_restarts,
+        "vllm_serve_watchdog_window": window,
+    }
+    errors = range_errors(given, WATCHDOG_RANGES)
+    judged = (whole(interval) or 0) * (whole(failures) or 0)
+    if not errors and whole(window) < judged:
         errors.append(
             f"vllm_serve_watchdog_window is {window!r}; allowed: at least "
             f"vllm_serve_watchdog_interval x vllm_serve_watchdog_failures ({judged} s), the time "

@@ -4,34 +4,12 @@ run first, against inventories/sparks on a local connection (nothing reaches its
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[3]
-BIN = Path(sys.executable).parent
-PLAY = """\
-- name: The operate role's checks alone
-  hosts: sparks
-  gather_facts: false
-  tasks:
-    - name: Validate
-      ansible.builtin.include_role:
-        name: dgx_spark.cluster.operate
-        tasks_from: validate
-"""
+from support.role_entry import run_entry_point
 
 
-def validate(tmp_path: Path, **extra) -> subprocess.CompletedProcess:
-    play = tmp_path / "validate.yml"
-    play.write_text(PLAY)
-    env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1"}
-    local = ["-e", "ansible_connection=local", "-e", f"ansible_python_interpreter={sys.executable}"]
-    return subprocess.run(
-        [str(BIN / "ansible-playbook"), str(play), "-i", "sparks", *local, "-e", json.dumps(extra)],
-        cwd=ROOT, env=env, text=True, capture_output=True, check=False, timeout=300,
-    )  # fmt: skip
+def validate(tmp_path, **extra):
+    return run_entry_point(tmp_path, "operate", "validate", "-e", json.dumps(extra))
 
 
 def test_the_sparks_inventory_passes(tmp_path):

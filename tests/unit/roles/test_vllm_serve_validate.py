@@ -4,36 +4,14 @@ rule of real Sparks and the watchdog's ranges, each refusal naming its variable.
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[3]
-BIN = Path(sys.executable).parent
-PLAY = """\
-- name: The serving role's checks alone
-  hosts: sparks
-  gather_facts: false
-  tasks:
-    - name: Validate
-      ansible.builtin.include_role:
-        name: dgx_spark.cluster.vllm_serve
-        tasks_from: validate
-"""
+from support.role_entry import run_entry_point
 
 
-def validate(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
-    play = tmp_path / "validate.yml"
-    play.write_text(PLAY)
-    env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1"}
-    local = ["-e", "ansible_connection=local", "-e", f"ansible_python_interpreter={sys.executable}"]
-    return subprocess.run(
-        [str(BIN / "ansible-playbook"), str(play), "-i", "sparks", *local, *extra],
-        cwd=ROOT, env=env, text=True, capture_output=True, check=False, timeout=300,
-    )  # fmt: skip
+def validate(tmp_path, *extra: str) -> subprocess.CompletedProcess:
+    return run_entry_point(tmp_path, "vllm_serve", "validate", *extra)
 
 
 def outcome(proc: subprocess.CompletedProcess, task: str) -> str:
