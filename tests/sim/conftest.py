@@ -148,6 +148,10 @@ class PlaybookRun:
     def changed(self) -> dict[str, int]:
         return {host: s["changed"] for host, s in self.stats.items()}
 
+    def changed_tasks(self) -> list[str]:
+        """'host: task' for every task that reported a change (for assertion messages)."""
+        return [f"{h}: {n}" for n, h, r in self.results() if r.get("changed")]
+
     def messages(self) -> str:
         """Every task's message, loop items' too, one per line."""
         out = []

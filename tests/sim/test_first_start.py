@@ -83,7 +83,7 @@ def test_a_max_model_len_beyond_the_models_is_refused_before_anything_stops(node
     assert "vllm_serve_max_model_len (--max-model-len)" in message, message
     assert "User-specified max_model_len (100000) is greater than the derived" in message, message
     assert "no container was touched" in message, message
-    assert run.changed()["spark-1"] == run.changed()["spark-2"] == 0, run.changed()
+    assert run.changed()["spark-1"] == run.changed()["spark-2"] == 0, run.changed_tasks()
     ran = {name for name, _h, r in run.results() if not r.get("skipped")}
     assert "Stop the running ranks" not in ran and "Pause the watchdogs" not in ran
     assert _started(nodes) == started

@@ -42,7 +42,7 @@ def in_step(deployed_pair):
 def test_a_rerun_with_nothing_to_do_runs_no_stage(in_step):
     _first, again = in_step
     assert report(again).startswith("In step"), report(again)
-    assert again.changed() == {"localhost": 0, "spark-1": 0, "spark-2": 0}
+    assert again.changed() == {"localhost": 0, "spark-1": 0, "spark-2": 0}, again.changed_tasks()
     assert not ran(again) & set(STAGE_TASKS), ran(again) & set(STAGE_TASKS)
     # It still proved the endpoint answers.
     probes = [r for name, _h, r in again.results() if name == "Ask the pair for one token"]
@@ -114,5 +114,5 @@ def test_drift_a_rerun_must_see_is_seen_and_repaired(in_step, hosts):
     assert worker.check_output(f"sudo sha256sum {model}/{shard}").split()[0] == good_shard
     again = run_playbook("deploy.yml")
     assert report(again).startswith("In step"), report(again)
-    assert again.changed() == {"localhost": 0, "spark-1": 0, "spark-2": 0}
+    assert again.changed() == {"localhost": 0, "spark-1": 0, "spark-2": 0}, again.changed_tasks()
     print(f"\ndrift: seen in {check.seconds:.1f}s, repaired by deploy.yml in {repair.seconds:.0f}s")

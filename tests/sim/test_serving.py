@@ -222,7 +222,7 @@ def test_what_the_images_vllm_refuses_touches_no_container(deployed, hosts, node
     assert "Stop the running ranks" not in ran and "Pause the watchdogs" not in ran
     assert sh(hosts["spark-1"], inspect) == started
     # Nothing written either: no new configuration's directory, launcher or key.
-    assert run.changed()["spark-1"] == run.changed()["spark-2"] == 0, run.changed()
+    assert run.changed()["spark-1"] == run.changed()["spark-2"] == 0, run.changed_tasks()
     after = {name: sh(host, listing) for name, host in hosts.items()}
     assert after == configurations
     print(f"\nrefused by the image's vLLM: run {run.seconds:.0f}s, longest gap "

@@ -116,7 +116,7 @@ def test_an_image_rebuild_reaches_every_rank(upgrade, nodes):
     gap = client.longest_gap()
     again = run_playbook("deploy.yml")
     assert again.rc == 0, again.failures() or again.raw[-3000:]
-    assert set(again.changed().values()) == {0}, again.changed()
+    assert set(again.changed().values()) == {0}, again.changed_tasks()
     print(
         f"\nupgrade: images.yml {images.seconds:.0f}s with 0 failed requests; deploy.yml "
         f"{run.seconds:.0f}s, downtime {gap:.0f}s (vLLM start {start:.0f}s, "

@@ -72,7 +72,7 @@ def test_a_broken_worker_copy_is_refused_before_any_rank_restarts(deployed_pair,
         assert f"spark-2: the model in {MODEL_DIR} differs from the head's (spark-1)" in message
         assert problem in message, message
         assert "No rank was restarted" in message
-        assert set(run.changed().values()) == {0}, run.changed()
+        assert set(run.changed().values()) == {0}, run.changed_tasks()
         assert started(nodes) == before
 
 
