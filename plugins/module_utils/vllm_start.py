@@ -43,10 +43,15 @@ import calendar
 import re
 import time
 
-from ansible_collections.dgx_spark.cluster.plugins.module_utils.setting_ranges import (
-    range_errors,
-    whole,
-)
+try:
+    from ansible_collections.dgx_spark.cluster.plugins.module_utils.setting_ranges import (
+        range_errors,
+        whole,
+    )
+except ImportError:
+    # Outside Ansible: the watchdog's directory on the head, where vllm_serve/tasks/watchdog.yml
+    # installs this file and setting_ranges.py side by side.
+    from setting_ranges import range_errors, whole
 
 PHASES = ("starting", "peers", "weights", "compile", "kv_cache", "server", "serving")
 PHASE_LABELS = {

@@ -153,3 +153,40 @@ def test_the_command_line_carries_the_stall(monkeypatch, tmp_path):
     with pytest.raises(Stop):
         watchdog.main(["--model=m", f"--state={tmp_path}/s.json", "--grace=3600", "--stall=120"])
     assert seen["stall"] == 120.0 and seen["args"][1] == 3600.0
+
+
+def _installed_beside_the_script() -> list[Path]:
+    """The files watchdog.yml copies into the watchdog's directory, read from the task file."""
+    import yaml
+
+    tasks = yaml.safe_load((REPO / "roles/vllm_serve/tasks/watchdog.yml").read_text())
+    files = []
+    for task in tasks:
+        copy = task.get("ansible.builtin.copy")
+        if not copy:
+            continue
+        for item in task.get("loop", [None]):
+            src = copy["src"].replace("{{ role_path }}", str(REPO / "roles/vllm_serve"))
+            if item is not None:
+                src = src.replace("{{ item }}", item)
+            path = Path(src) if "/" in src else REPO / "roles/vllm_serve/files" / src
+            files.append(path.resolve())
+    return files
+
+
+def test_the_script_starts_from_what_the_role_installs(tmp_path):
+    """The node runs the script with the image's bare Python from a directory that holds only
+    what watchdog.yml installs: no collection on the path (-S leaves site-packages out)."""
+    import shutil
+    import subprocess
+
+    installed = _installed_beside_the_script()
+    assert SOURCE.resolve() in installed and len(installed) >= 2, installed
+    for path in installed:
+        shutil.copy(path, tmp_path / path.name)
+    got = subprocess.run(
+        [sys.executable, "-I", "-S", str(tmp_path / SOURCE.name), "--help"],
+        capture_output=True, text=True, check=False, cwd=tmp_path,
+    )  # fmt: skip
+    assert got.returncode == 0, got.stderr
+    assert "--max-restarts" in got.stdout
