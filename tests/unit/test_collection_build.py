@@ -26,6 +26,9 @@ def test_build_install_and_run_by_fqcn(tmp_path):
         names = tar.getnames()
     assert "galaxy.yml" not in names and "MANIFEST.json" in names
     assert not any(n.startswith((".venv", ".cache", ".sim", "collections/")) for n in names)
+    # What is not the collection stays out: the simulated pair, its tooling, measured results.
+    assert not any(n.startswith(("sim/", "tools/", "benchmarks/results/")) for n in names)
+    assert "Makefile" not in names and "playbooks/deploy.yml" in names
     assert "plugins/module_utils/vllm_registry.py" in names
 
     dest = tmp_path / "installed"
@@ -57,3 +60,10 @@ def test_build_install_and_run_by_fqcn(tmp_path):
     ).stdout  # fmt: skip
     assert "Require distinct addresses across the nodes" in out
     assert "failed=0" in out
+    # The main job by its collection name, against the production inventory: a syntax check
+    # (it contacts no host), which resolves every imported stage playbook, role and module.
+    out = run(
+        str(BIN / "ansible-playbook"), "dgx_spark.cluster.deploy", "--syntax-check",
+        "-i", str(ROOT / "inventories" / "sparks"), cwd=tmp_path, env=env,
+    ).stdout  # fmt: skip
+    assert "playbook: " in out and "playbooks/deploy.yml" in out, out
