@@ -2,8 +2,9 @@
 the nodes, on both of the sim's networks, is refused on Ray's ports and, while it is not in
 vllm_serve_allowed_sources, on the serving port; the peer and SSH get through; a worker's Ray
 that starts again joins the head through the firewall and the pair serves again; a rerun of
-the host_prep stage changes nothing; and the default (the management network) lets the
-outsider reach the serving port again."""
+the host_prep stage changes nothing; the default (the management network) lets the
+outsider reach the serving port again; and host_prep_firewall: false removes the table and
+its files, which a run with it on brings back as they were."""
 
 from __future__ import annotations
 
@@ -25,6 +26,8 @@ OUTSIDER = "dgxsim-firewall-outsider"
 GCS_PORT = 6379
 NODE_MANAGER_PORT = 6380
 SERVING_PORT = 8000
+TABLE = ("inet", "dgx_spark")
+FIREWALL_FILE = "/etc/dgx-spark/firewall.nft"
 # Refused means a TCP reset: the peer's "open" on the same port shows who refused it.
 PROBE = """
 import socket, sys
@@ -175,3 +178,32 @@ def test_the_default_admits_the_management_network(firewalled, nodes, outsider, 
     head = nodes[0]
     assert connect(outsider, head.mgmt_ip, SERVING_PORT) == "open"
     assert connect(outsider, head.mgmt_ip, GCS_PORT) == "refused"
+
+
+def live_table(node) -> subprocess.CompletedProcess:
+    return subprocess.run(["docker", "exec", node.container, "nft", "-s", "list", "table", *TABLE],
+                          capture_output=True, text=True, check=False)  # fmt: skip
+
+
+def test_turning_the_firewall_off_removes_its_table_and_files(firewalled, nodes, outsider,
+                                                              playbook):  # fmt: skip
+    """host_prep_firewall: false takes the table and its files away (nothing half-left), and
+    turning it on again brings back the same table."""
+    head = nodes[0]
+    tables = {n.name: live_table(n).stdout for n in nodes}
+    assert all("set peers" in t for t in tables.values()), tables
+    try:
+        off = playbook("playbooks/host_prep.yml", "--tags", "host_prep_firewall",
+                       "-e", "host_prep_firewall=false")  # fmt: skip
+        assert off.rc == 0, off.failures()
+        for node in nodes:
+            assert live_table(node).returncode != 0, (node.name, live_table(node).stdout)
+            files = docker("exec", node.container, "sh", "-c", f"ls {FIREWALL_FILE} 2>&1 || true")
+            assert "No such file" in files, (node.name, files)
+        assert connect(outsider, head.fast_ip, GCS_PORT) == "open"
+    finally:
+        on = playbook("playbooks/host_prep.yml", "--tags", "host_prep_firewall")
+        assert on.rc == 0, on.failures()
+    for node in nodes:
+        assert live_table(node).stdout == tables[node.name], node.name
+    assert connect(outsider, head.fast_ip, GCS_PORT) == "refused"

@@ -183,7 +183,17 @@ def test_a_rerun_repairs_ranks_out_of_step(deployed, hosts, nodes):
           f"(vLLM start {vllm_start_seconds(run):.0f}s)")  # fmt: skip
 
 
-def test_a_key_rotation_restarts_the_group_once(deployed, nodes):
+def key_left_behind(host, key: str) -> list[str]:
+    """Where a node still holds ``key``: the collection's files (the weights aside) and every
+    container's configuration."""
+    files = sh(host, f"grep -rlsF -- {shlex.quote(key)} /etc/dgx-spark /var/lib/dgx-spark "
+                     "--exclude-dir=models || true").split()  # fmt: skip
+    ids = sh(host, "docker ps -aq").split()
+    inspect = sh(host, f"docker inspect {' '.join(ids)}") if ids else ""
+    return files + [f"docker inspect of {len(ids)} containers"] * (key in inspect)
+
+
+def test_a_key_rotation_restarts_the_group_once(deployed, nodes, hosts):
     with Client(nodes, [KEY, ROTATED]) as client:
         time.sleep(2)
         run = serve("-e", f"vllm_serve_api_key={ROTATED}")
@@ -195,6 +205,11 @@ def test_a_key_rotation_restarts_the_group_once(deployed, nodes):
     print(f"\nkey rotation: downtime {gap:.0f}s, vLLM start {start:.0f}s, "
           f"{client.failed} failed requests, run {run.seconds:.0f}s")  # fmt: skip
     assert gap <= start + 15, (gap, start)
+    # The old key is gone from every node: no older configuration, no container keeps it.
+    # (The search does find the key in use, in the head's configuration.)
+    assert key_left_behind(hosts["spark-1"], ROTATED), "the search finds not even the new key"
+    for name, host in hosts.items():
+        assert key_left_behind(host, KEY) == [], name
 
 
 def test_what_the_images_vllm_refuses_touches_no_container(deployed, hosts, nodes):

@@ -1,7 +1,8 @@
-"""playbooks/teardown.yml on the simulated pair: with -e teardown_remove_weights=true the
-serving and Ray containers and the weights leave both nodes, while the images and the
-host preparation (comm.env) stay. The deployment is restored afterwards, whatever happens:
-deploy.yml runs again for the stages the teardown removed (model, ray, serve)."""
+"""playbooks/teardown.yml on the simulated pair: with -e teardown_remove_weights=true every
+container the collection made (serving, watchdog, Ray, monitoring) and the weights leave both
+nodes, while the images and the host preparation (comm.env) stay. The deployment is restored
+afterwards, whatever happens: deploy.yml runs again for the stages the teardown removed
+(model, ray, serve)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ RECORD = "/var/lib/dgx-spark/models/.verified/tiny-qwen3-moe.json"
 COMM_ENV = "/etc/dgx-spark/comm.env"
 SERVING_ALIAS = "dgx-spark/vllm-serving:current"
 CONTAINERS = ("dgx-spark-vllm", "dgx-spark-ray")
+COMPONENT_LABEL = "dgx_spark.cluster.component"
 REMOVED_STAGES = "model,ray,serve"
 
 
@@ -39,9 +41,14 @@ def task_names(report: dict) -> set[str]:
 def node_state(host) -> dict:
     """What the teardown may and may not remove, read on the node itself."""
     names = host.check_output("sudo docker ps -a --format '{{.Names}}'").split()
+    labelled = host.check_output(
+        f"sudo docker ps -a --filter label={COMPONENT_LABEL} --format '{{{{.Names}}}}'"
+    ).split()
     images = host.check_output("sudo docker images --format '{{.Repository}}:{{.Tag}} {{.ID}}'")
     return {
         "containers": sorted(n for n in names if n in CONTAINERS),
+        # Every container the collection made: its label, or its name's prefix.
+        "collection": sorted({n for n in names if n.startswith("dgx-spark-")} | set(labelled)),
         "images": sorted(images.splitlines()),
         "model": host.file(MODEL_DIR).exists,
         "record": host.file(RECORD).exists,
@@ -87,10 +94,13 @@ def test_teardown_removes_the_weights_without_syncing_them(teardown):
         assert fetching not in ran, f"the teardown ran '{fetching}'"
 
 
-def test_teardown_removes_the_serving_and_ray_containers(teardown):
-    _before, _report, after = teardown
+def test_teardown_removes_every_container_the_collection_made(teardown):
+    before, _report, after = teardown
+    # Before: the serving group's watchdog on the head, beside the ranks' containers.
+    assert "dgx-spark-watchdog" in before["spark-1"]["collection"], before["spark-1"]
     for name, state in after.items():
         assert state["containers"] == [], f"{name}: {state['containers']} left"
+        assert state["collection"] == [], f"{name}: {state['collection']} left"
 
 
 def test_teardown_keeps_the_images_and_the_host_preparation(teardown):
