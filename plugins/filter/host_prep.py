@@ -86,9 +86,9 @@ def host_prep_check(text, check, *args, **kwargs):
         }
 
 
-def host_prep_serving(containers):
+def host_prep_serving(containers, name):
     """Names of the running serving containers in docker_host_info's container list."""
-    return link_checks.serving_containers(list(containers or []))
+    return link_checks.serving_containers(list(containers or []), name)
 
 
 def host_prep_link_plan(hosts, hostvars, mode, hardware):

@@ -663,15 +663,14 @@ def check_busbw_json(
 
 LINK_CHECK_MODES = ("auto", "always", "never")
 LINK_CHECK_RECORD_FORMAT = 1
-SERVING_CONTAINER = "dgx-spark-vllm"
 SERVING_LABEL = ("dgx_spark.cluster.component", "vllm")
 
 
-def serving_containers(containers: list[dict] | None) -> list[str]:
+def serving_containers(containers: list[dict] | None, name: str) -> list[str]:
     """Names of the running serving containers in docker_host_info's (verbose) container list.
 
-    A container counts when it is named ``dgx-spark-vllm`` or carries the label
-    ``dgx_spark.cluster.component=vllm``.
+    A container counts when it is named ``name`` (the serving container's name,
+    spark_serving_container_name) or carries the label ``dgx_spark.cluster.component=vllm``.
     """
     found = []
     for entry in containers or []:
@@ -680,7 +679,7 @@ def serving_containers(containers: list[dict] | None) -> list[str]:
         state = str(entry.get("State", "running")).lower()
         if state != "running":
             continue
-        if SERVING_CONTAINER in names or labels.get(SERVING_LABEL[0]) == SERVING_LABEL[1]:
+        if name in names or labels.get(SERVING_LABEL[0]) == SERVING_LABEL[1]:
             found.append(names[0] if names else str(entry.get("Id", "?"))[:12])
     return sorted(found)
 

@@ -669,8 +669,14 @@ def test_addresses_fail(links, mtu, words):
 def test_serving_containers_from_docker_host_info():
     containers = json.loads(fixture("docker_host_info_containers.json"))
     # Running and named dgx-spark-vllm, or running and labelled; not Ray, not a created one.
-    assert lc.serving_containers(containers) == ["capture-serving-standin", "dgx-spark-vllm"]
-    assert lc.serving_containers([]) == [] and lc.serving_containers(None) == []
+    assert lc.serving_containers(containers, "dgx-spark-vllm") == [
+        "capture-serving-standin", "dgx-spark-vllm",
+    ]  # fmt: skip
+    # The name given is what counts besides the label: an unlabelled container of that name.
+    assert lc.serving_containers(containers, "capture-other") == [
+        "capture-other", "capture-serving-standin", "dgx-spark-vllm",
+    ]  # fmt: skip
+    assert lc.serving_containers([], "x") == [] and lc.serving_containers(None, "x") == []
 
 
 SETTINGS = {
