@@ -61,6 +61,18 @@ def vllm_serve_load_format(setting, modules=None):
     return list(vllm_start.choose_load_format(str(setting), dict(modules or {})))
 
 
+def vllm_serve_failed_start(wait, image, image_id, restart_reason, rolled_back, back=None,
+                            previous_image=""):  # fmt: skip
+    """The failed start's message: what vLLM refused, and which rollback branch followed."""
+    wait, back = dict(wait or {}), dict(back or {})
+    return vllm_start.failed_start_message(
+        image=str(image), image_id=str(image_id), restart_reason=str(restart_reason),
+        reason=str(wait.get("reason") or ""), excerpt=str(wait.get("excerpt") or ""),
+        rolled_back=bool(rolled_back), back_healthy=bool(back.get("healthy")),
+        back_reason=str(back.get("reason") or ""), previous_image=str(previous_image or ""),
+    )  # fmt: skip
+
+
 class FilterModule:
     def filters(self):
         return {
@@ -72,4 +84,5 @@ class FilterModule:
             "vllm_serve_auth_errors": vllm_serve_auth_errors,
             "vllm_serve_start_setting_errors": vllm_serve_start_setting_errors,
             "vllm_serve_load_format": vllm_serve_load_format,
+            "vllm_serve_failed_start": vllm_serve_failed_start,
         }

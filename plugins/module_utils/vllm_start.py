@@ -367,3 +367,40 @@ def choose_load_format(setting: str, modules: dict) -> tuple[str, str]:
             return load_format, f"the serving image carries {module} ({version})"
         missing.append(module)
     return "", (f"the serving image carries neither {' nor '.join(missing)}: vLLM's default loader")
+
+
+def failed_start_message(
+    *,
+    image: str,
+    image_id: str,
+    restart_reason: str,
+    reason: str,
+    excerpt: str = "",
+    rolled_back: bool,
+    back_healthy: bool = False,
+    back_reason: str = "",
+    previous_image: str = "",
+) -> str:
+    """What a serving run says when the restarted group did not serve, by rollback branch.
+
+    ``rolled_back``: the previous containers were kept and started again (a group served
+    before this run); without one there is nothing to roll back to. ``back_healthy``: the
+    previous group answered again within the wait. ``previous_image``: set when the Ray
+    containers moved back with it (the new image was the one that failed).
+    """
+    said = (
+        f"The serving group did not serve on {image} ({image_id[:19]}) after the restart "
+        f"({restart_reason}): {reason}{': ' + excerpt if excerpt else ''}."
+    )
+    if not rolled_back:
+        return f"{said} Nothing served before this run, so there is nothing to roll back to."
+    if back_healthy:
+        back = "serve again"
+    else:
+        back = (
+            f"were started again but do not answer yet ({back_reason}): what failed may be "
+            "common to both, such as a node or the model files; playbooks/model.yml -e "
+            "model_cache_verify=checksum reads every copy and replaces what differs"
+        )
+    with_ray = f" on {previous_image}, every Ray container with them" if previous_image else ""
+    return f"{said} Rolled back: the previous containers {back}{with_ray}."

@@ -278,3 +278,50 @@ def test_a_captured_ray_start_tells_the_ranks_apart_by_node():
 )  # fmt: skip
 def test_watchdog_setting_errors(interval, failures, restarts, window, expected):
     assert vllm_start.watchdog_setting_errors(interval, failures, restarts, window) == expected
+
+
+# --------------------------------------------------------------------------- failed start
+FAILED = {
+    "image": "dgx-spark/vllm-serving:current",
+    "image_id": "sha256:0123456789abcdef0123456789",
+    "restart_reason": "the serving image changed",
+    "reason": "the serving container exited (code 1)",
+    "excerpt": "ValueError: current platform cpu does not support ray",
+}
+
+
+def test_a_failed_start_with_a_group_that_served_before_rolls_back_and_says_so():
+    said = vllm_start.failed_start_message(**FAILED, rolled_back=True, back_healthy=True)
+    assert said == (
+        "The serving group did not serve on dgx-spark/vllm-serving:current "
+        "(sha256:0123456789ab) after the restart (the serving image changed): the serving "
+        "container exited (code 1): ValueError: current platform cpu does not support ray. "
+        "Rolled back: the previous containers serve again."
+    )
+    moved = vllm_start.failed_start_message(
+        **FAILED, rolled_back=True, back_healthy=True,
+        previous_image="dgx-spark/vllm-serving:previous",
+    )  # fmt: skip
+    assert moved.endswith(
+        "Rolled back: the previous containers serve again on dgx-spark/vllm-serving:previous, "
+        "every Ray container with them."
+    )
+
+
+def test_a_previous_group_that_does_not_answer_yet_points_at_what_both_share():
+    said = vllm_start.failed_start_message(
+        **FAILED, rolled_back=True, back_healthy=False,
+        back_reason="no answer within 600 s",
+    )  # fmt: skip
+    assert "Rolled back: the previous containers were started again but do not answer yet " in said
+    assert "(no answer within 600 s)" in said
+    assert "playbooks/model.yml -e model_cache_verify=checksum" in said
+    assert "serve again" not in said
+
+
+def test_a_first_start_that_fails_has_nothing_to_roll_back_to():
+    said = vllm_start.failed_start_message(**FAILED, rolled_back=False, back_healthy=True)
+    assert said.endswith("Nothing served before this run, so there is nothing to roll back to.")
+    assert "Rolled back" not in said
+    bare = vllm_start.failed_start_message(**{**FAILED, "excerpt": ""}, rolled_back=False)
+    assert "(code 1). Nothing served" in bare

@@ -1,0 +1,21 @@
+"""plugins/filter/vllm_serve.py: the failed start's message, as rollback.yml calls it."""
+
+from __future__ import annotations
+
+from ansible_collections.dgx_spark.cluster.plugins.filter import vllm_serve
+
+FAILED_START = vllm_serve.FilterModule().filters()["vllm_serve_failed_start"]
+# vllm_start_wait's result for a start that exited, and the previous group's wait.
+WAIT = {"healthy": False, "reason": "the serving container exited (code 1)", "excerpt": ""}
+IMAGE = ("dgx-spark/vllm-serving:current", "sha256:" + "ab" * 32, "the key changed")
+
+
+def test_each_rollback_branch_through_the_filter():
+    back = FAILED_START(WAIT, *IMAGE, True, {"healthy": True, "reason": ""}, "")
+    assert back.endswith("Rolled back: the previous containers serve again.")
+    slow = FAILED_START(WAIT, *IMAGE, True, {"healthy": False, "reason": "no answer in 600 s"})
+    assert "were started again but do not answer yet (no answer in 600 s)" in slow
+    # No previous group: rollback.yml passes the skipped wait as {}.
+    first = FAILED_START(WAIT, *IMAGE, False, {}, "")
+    assert first.endswith("nothing to roll back to.")
+    assert "(sha256:abababababab) after the restart (the key changed)" in first
