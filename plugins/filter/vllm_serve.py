@@ -62,7 +62,7 @@ def vllm_serve_load_format(setting, modules=None):
 
 
 def vllm_serve_failed_start(wait, image, image_id, restart_reason, rolled_back, back=None,
-                            previous_image=""):  # fmt: skip
+                            previous_image="", rollback_enabled=True):  # fmt: skip
     """The failed start's message: what vLLM refused, and which rollback branch followed."""
     wait, back = dict(wait or {}), dict(back or {})
     return vllm_start.failed_start_message(
@@ -70,6 +70,7 @@ def vllm_serve_failed_start(wait, image, image_id, restart_reason, rolled_back, 
         reason=str(wait.get("reason") or ""), excerpt=str(wait.get("excerpt") or ""),
         rolled_back=bool(rolled_back), back_healthy=bool(back.get("healthy")),
         back_reason=str(back.get("reason") or ""), previous_image=str(previous_image or ""),
+        rollback_enabled=bool(rollback_enabled),
     )  # fmt: skip
 
 

@@ -380,6 +380,7 @@ def failed_start_message(
     back_healthy: bool = False,
     back_reason: str = "",
     previous_image: str = "",
+    rollback_enabled: bool = True,
 ) -> str:
     """What a serving run says when the restarted group did not serve, by rollback branch.
 
@@ -387,11 +388,14 @@ def failed_start_message(
     before this run); without one there is nothing to roll back to. ``back_healthy``: the
     previous group answered again within the wait. ``previous_image``: set when the Ray
     containers moved back with it (the new image was the one that failed).
+    ``rollback_enabled``: vllm_serve_rollback; when false nothing was kept to go back to.
     """
     said = (
         f"The serving group did not serve on {image} ({image_id[:19]}) after the restart "
         f"({restart_reason}): {reason}{': ' + excerpt if excerpt else ''}."
     )
+    if not rolled_back and not rollback_enabled:
+        return f"{said} vllm_serve_rollback is false, so no previous containers were kept."
     if not rolled_back:
         return f"{said} Nothing served before this run, so there is nothing to roll back to."
     if back_healthy:

@@ -19,3 +19,5 @@ def test_each_rollback_branch_through_the_filter():
     first = FAILED_START(WAIT, *IMAGE, False, {}, "")
     assert first.endswith("nothing to roll back to.")
     assert "(sha256:abababababab) after the restart (the key changed)" in first
+    off = FAILED_START(WAIT, *IMAGE, False, {}, "", False)
+    assert off.endswith("vllm_serve_rollback is false, so no previous containers were kept.")

@@ -325,3 +325,9 @@ def test_a_first_start_that_fails_has_nothing_to_roll_back_to():
     assert "Rolled back" not in said
     bare = vllm_start.failed_start_message(**{**FAILED, "excerpt": ""}, rolled_back=False)
     assert "(code 1). Nothing served" in bare
+
+
+def test_with_rollback_off_the_message_says_so_instead_of_blaming_the_pair():
+    said = vllm_start.failed_start_message(**FAILED, rolled_back=False, rollback_enabled=False)
+    assert said.endswith("vllm_serve_rollback is false, so no previous containers were kept.")
+    assert "Nothing served before" not in said
