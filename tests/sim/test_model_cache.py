@@ -161,7 +161,7 @@ def test_first_placement_is_checksummed_and_recorded(first_run, hosts, nodes, ti
 def test_rerun_changes_nothing_and_moves_zero_bytes(first_run, nodes, tiny):
     again = run_playbook("-e", f"model_cache_dir={BASE}/plain")
     assert again["rc"] == 0, failures(again)
-    assert changed(again) == {n.name: 0 for n in nodes}
+    assert changed(again) == {"localhost": 0, **{n.name: 0 for n in nodes}}
     # Sizes and modification times only: nothing is read again.
     files = len(sha256_tree(tiny))
     assert sorted(hashed(again).values()) == [(0, files)] * len(nodes)
@@ -175,7 +175,7 @@ def test_rerun_changes_nothing_and_moves_zero_bytes(first_run, nodes, tiny):
 def test_checksum_on_request_reads_every_file_again(first_run, nodes, tiny):
     asked = run_playbook("-e", f"model_cache_dir={BASE}/plain", "-e", "model_cache_verify=checksum")
     assert asked["rc"] == 0, failures(asked)
-    assert changed(asked) == {n.name: 0 for n in nodes}
+    assert changed(asked) == {"localhost": 0, **{n.name: 0 for n in nodes}}
     files = len(sha256_tree(tiny))
     assert sorted(hashed(asked).values()) == [(files, 0)] * len(nodes)
 
@@ -209,7 +209,7 @@ def test_model_bigger_than_memory_fails_before_any_change(hosts, nodes):
     assert report["rc"] != 0
     (message,) = failures(report)
     assert "model_cache_max_fraction_of_memory" in message
-    assert changed(report) == {n.name: 0 for n in nodes}
+    assert changed(report) == {"localhost": 0, **{n.name: 0 for n in nodes}}
     for name, host in hosts.items():
         assert not host.file(target).exists, f"{name}: {target} was made before the check failed"
 
@@ -278,7 +278,7 @@ def test_snapshot_without_its_blobs_is_refused_as_a_source(hf_source, hosts, nod
     assert report["rc"] != 0
     (message,) = failures(report)
     assert "model_cache_local_dir" in message and "models--Org--Name" in message
-    assert changed(report) == {n.name: 0 for n in nodes}
+    assert changed(report) == {"localhost": 0, **{n.name: 0 for n in nodes}}
     for host in hosts.values():
         assert not host.file(target).exists
 
@@ -332,7 +332,7 @@ def test_gated_repo_without_token_is_refused_before_any_change(fake_hub, hosts, 
     assert report["rc"] != 0
     (message,) = failures(report)
     assert "model_cache_hf_token" in message and "ansible-vault encrypt_string" in message
-    assert changed(report) == {n.name: 0 for n in nodes}
+    assert changed(report) == {"localhost": 0, **{n.name: 0 for n in nodes}}
     for host in hosts.values():
         assert not host.file(target).exists
 
@@ -366,7 +366,7 @@ def test_hub_download_lands_once_and_keeps_the_token_out_of_sight(fake_hub, host
 
     again = hub_run(target, *token)
     assert again["rc"] == 0, failures(again)
-    assert changed(again) == {n.name: 0 for n in nodes}
+    assert changed(again) == {"localhost": 0, **{n.name: 0 for n in nodes}}
     assert not results(again, "Start the download container"), (
         "a complete copy was downloaded again"
     )
