@@ -58,7 +58,13 @@ def status(tmp_path: Path, label: str) -> tuple[subprocess.CompletedProcess, dic
 @pytest.fixture(scope="module")
 def serving(ansible, deployed_pair):
     """The pair's settings from the inventory, once its endpoint has proven it serves."""
-    defaults = yaml.safe_load((ROOT / "roles" / "vllm_serve" / "defaults" / "main.yml").read_text())
+    # What the inventory leaves unset: the spark_defaults value vllm_serve's default derives from.
+    shared = yaml.safe_load((ROOT / "roles" / "spark_defaults" / "defaults" / "main.yml").read_text())
+    defaults = {
+        "vllm_serve_backend": shared["spark_serving_backend"],
+        "vllm_serve_api_key": "",
+        "vllm_serve_port": shared["spark_serving_port"],
+    }
     for name in ("vllm_serve_backend", "vllm_serve_api_key", "vllm_serve_port", "ansible_host"):
         value = ansible("spark-1", "ansible.builtin.debug", f"var={name}")["spark-1"][name]
         _SETTINGS[name] = defaults[name] if "is undefined" in str(value) else value

@@ -27,6 +27,9 @@ LITERALS = {
     "/etc/dgx-spark/ray": r"/etc/dgx-spark/ray(?![\w-])",
     "/var/lib/dgx-spark/ray": r"/var/lib/dgx-spark/ray(?![\w-])",
     "/var/lib/dgx-spark/cache": r"/var/lib/dgx-spark/cache(?![\w-])",
+    "8000": r"(?<![\d])8000(?![\d])",
+    "vllm-node:latest": r"(?<![\w/-])vllm-node:latest(?![\w.-])",
+    "hellohal2064/vllm-qwen3.5-gb10": r"hellohal2064/vllm-qwen3\.5-gb10",
 }
 
 
@@ -61,7 +64,7 @@ def role_text(role: str) -> str:
 
 def reads_shared(role: str) -> list[str]:
     """The spark_defaults variables a role names, and the other roles' defaults it reads (which
-    derive theirs from spark_defaults, as host_prep's firewall and operate's settings do)."""
+    derive theirs from spark_defaults, as host_prep's firewall and monitoring do)."""
     text = role_text(role)
     named = [name for name in SHARED if re.search(rf"\b{name}\b", text)]
     return named + (["another role's defaults/main.yml"] if "/defaults/main.yml" in text else [])

@@ -44,7 +44,14 @@ def settings(inventory: str) -> dict:
     merged: dict = {}
     for path in [*sorted(ROOT.glob("roles/*/defaults/main.yml")), *group_var_files(inventory)]:
         merged.update(yaml.safe_load(path.read_text(encoding="utf-8")) or {})
-    return {name: value for name, value in merged.items() if SERVING.search(name)}
+    return {name: shared(value, merged) for name, value in merged.items() if SERVING.search(name)}
+
+
+def shared(value, merged: dict):
+    """A default derived from a spark_defaults setting this comparison does not name itself
+    (vllm_serve_backend: "{{ spark_serving_backend }}") counts as that setting's value."""
+    ref = re.fullmatch(r"\{\{ (spark_\w+) \}\}", value) if isinstance(value, str) else None
+    return merged[ref.group(1)] if ref and not SERVING.search(ref.group(1)) else value
 
 
 def differences() -> set[str]:

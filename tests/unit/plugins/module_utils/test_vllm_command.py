@@ -10,7 +10,16 @@ import yaml
 from ansible_collections.dgx_spark.cluster.plugins.module_utils import vllm_command
 
 ROOT = Path(__file__).resolve().parents[4]
-DEFAULTS = yaml.safe_load((ROOT / "roles/vllm_serve/defaults/main.yml").read_text())
+SHARED = yaml.safe_load((ROOT / "roles/spark_defaults/defaults/main.yml").read_text())
+# The role's defaults, each one written as "{{ spark_... }}" given its spark_defaults value.
+DEFAULTS = {
+    name: SHARED[shared.group(1)]
+    if isinstance(value, str) and (shared := re.fullmatch(r"\{\{ (spark_\w+) \}\}", value))
+    else value
+    for name, value in yaml.safe_load(
+        (ROOT / "roles/vllm_serve/defaults/main.yml").read_text()
+    ).items()
+}
 
 
 def production_settings(**overrides) -> dict:
