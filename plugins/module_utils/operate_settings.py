@@ -29,7 +29,6 @@ WHOLE = {
     "operate_benchmark_seed": (0, 2**32 - 1, "numbers"),
     "operate_benchmark_run_timeout": (60, 86400, "seconds"),
     "operate_logs_lines": (1, 1000000, "lines"),
-    "operate_in_step_timeout": (1, 600, "seconds"),
 }
 METRICS_INTERVAL = (0.1, 60.0)
 

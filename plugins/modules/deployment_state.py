@@ -22,6 +22,8 @@ description:
   - The comparison is C(plugins/module_utils/deployment_record.py).
   - C(deploy.yml) runs every stage only when a node is not in step; a rerun with nothing to do
     then costs a comparison and one completion instead of every stage's checks.
+  - The deploy_state role runs it for C(deploy.yml), O(state=compared) in its C(in_step)
+    entry point and O(state=recorded) in its C(record) entry point.
 author:
   - dgx_spark.cluster developers (!UNKNOWN)
 attributes:

@@ -59,7 +59,7 @@ def status(tmp_path: Path, label: str) -> tuple[subprocess.CompletedProcess, dic
 def serving(ansible, deployed_pair):
     """The pair's settings from the inventory, once its endpoint has proven it serves."""
     # What the inventory leaves unset: the spark_defaults value vllm_serve's default derives from.
-    shared = yaml.safe_load((ROOT / "roles" / "spark_defaults" / "defaults" / "main.yml").read_text())
+    shared = yaml.safe_load((ROOT / "roles/spark_defaults/defaults/main.yml").read_text())
     defaults = {
         "vllm_serve_backend": shared["spark_serving_backend"],
         "vllm_serve_api_key": "",

@@ -13,8 +13,8 @@ ROLES = sorted(p.parent.parent for p in ROOT.glob("roles/*/defaults/main.yml"))
 # Roles that playbooks/preflight.yml enters with tasks_from: validate (no .yml), so Ansible
 # checks the spec of their `validate` entry point before the tasks run.
 VALIDATED = (
-    "host_prep", "hybrid_image", "model_cache", "monitoring", "operate", "ray_cluster",
-    "vllm_serve",
+    "deploy_state", "host_prep", "hybrid_image", "model_cache", "monitoring", "operate",
+    "ray_cluster", "vllm_serve",
 )  # fmt: skip
 # The settings several roles read keep the inventory's own spark_ names, not their home's.
 PREFIX = {"spark_defaults": "spark_"}

@@ -1,0 +1,118 @@
+"""roles/deploy_state, deploy.yml's bookkeeping: its entry points against inventories/sparks
+on a local connection (nothing reaches its addresses), the operate role's old names of its
+settings refused, and the role reading no other role's files."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+from support.role_entry import run_entry_point
+
+ROOT = Path(__file__).resolve().parents[3]
+ROLE = ROOT / "roles" / "deploy_state"
+# The roles whose serving settings (vllm_serve's, hybrid_image's) deploy_state and operate read
+# from the inventory or spark_defaults, never from those roles' files.
+READERS = ("deploy_state", "operate")
+
+
+def run(tmp_path, entry, **extra):
+    proc = run_entry_point(tmp_path, "deploy_state", entry, "-e", json.dumps(extra))
+    return proc, proc.stdout + proc.stderr
+
+
+def test_the_sparks_inventory_passes_validate(tmp_path):
+    proc, out = run(tmp_path, "validate")
+    assert proc.returncode == 0, out
+
+
+@pytest.mark.parametrize(
+    ("old", "value", "new"),
+    [
+        ("operate_deployment_record", "/srv/deployed.json", "deploy_state_record_file"),
+        ("operate_in_step_timeout", 60, "deploy_state_in_step_timeout"),
+    ],
+)
+def test_an_old_operate_name_is_refused_naming_the_new_one(tmp_path, old, value, new):
+    proc, out = run(tmp_path, "validate", **{old: value})
+    assert proc.returncode != 0, out
+    assert f"{old} is no longer read" in out and f"set {new} instead" in out, out
+
+
+def test_a_bad_timeout_is_refused_naming_it(tmp_path):
+    proc, out = run(tmp_path, "validate", deploy_state_in_step_timeout=0)
+    assert proc.returncode != 0, out
+    assert "deploy_state_in_step_timeout is 0; allowed: whole seconds 1-600" in out, out
+
+
+def test_in_step_refuses_an_old_name_before_it_asks_anything(tmp_path):
+    """deploy.yml's in-step check runs before preflight: it validates first."""
+    proc, out = run(tmp_path, "in_step", operate_deployment_record="/srv/deployed.json")
+    assert proc.returncode != 0, out
+    assert "set deploy_state_record_file instead" in out, out
+    assert "Fingerprint what this run was given" not in out, out
+
+
+def test_in_step_on_a_run_that_is_not_full_compares_nothing_and_runs_the_stages(tmp_path):
+    """-e deploy_full=true: no record is read, no token asked, and the guard's fact is false."""
+    proc, out = run(tmp_path, "in_step", deploy_full=True)
+    assert proc.returncode == 0, out
+    assert "Running the stages asked for." in out, out
+    for task in ("Compare each node with the record of the last full run",
+                 "Ask the pair for one token"):  # fmt: skip
+        assert re.search(rf"TASK \[[^]]*{task}\][^\n]*\n(skipping: [^\n]*\n)+", out), out
+
+
+def test_record_on_a_run_that_is_not_full_writes_nothing(tmp_path):
+    """record.yml alone never follows in_step.yml's fingerprint, so it records nothing."""
+    proc, out = run(tmp_path, "record")
+    assert proc.returncode == 0, out
+    assert re.search(
+        r"TASK \[[^]]*Record the fingerprint[^]]*\][^\n]*\n(skipping: [^\n]*\n)+", out
+    ), out
+
+
+def test_the_guard_and_the_record_play_read_the_roles_fact():
+    guard = (ROOT / "playbooks/tasks/in_step_guard.yml").read_text()
+    record = yaml.safe_load((ROOT / "playbooks/record.yml").read_text())
+    assert "deploy_state_in_step | default(false) | bool" in guard
+    (task,) = record[0]["tasks"]
+    assert task["ansible.builtin.include_role"]["name"] == "dgx_spark.cluster.deploy_state"
+    assert task["when"] == "not deploy_state_in_step | default(false) | bool"
+    facts = [
+        t["ansible.builtin.set_fact"]
+        for t in yaml.safe_load((ROLE / "tasks/in_step.yml").read_text())
+        if "ansible.builtin.set_fact" in t
+    ]
+    assert any("deploy_state_in_step" in f for f in facts)
+
+
+def scalars(node) -> list[str]:
+    """Every key and scalar of a loaded YAML document, as text (comments are not in it)."""
+    if isinstance(node, dict):
+        return [text for key, value in node.items() for text in (str(key), *scalars(value))]
+    if isinstance(node, list):
+        return [text for item in node for text in scalars(item)]
+    return [] if node is None else [str(node)]
+
+
+@pytest.mark.parametrize("role", READERS)
+def test_the_bookkeeping_and_operate_read_no_other_roles_files(role):
+    """The settings they share with vllm_serve and hybrid_image come from spark_defaults."""
+    for path in sorted((ROOT / "roles" / role).glob("*/**/*.yml")):
+        rel = path.relative_to(ROOT)
+        for text in scalars(yaml.safe_load(path.read_text())):
+            assert not re.search(r"role_path\W*/\.\.", text), f"{rel} leaves its role: {text}"
+            assert not re.search(r"roles/|/(defaults|vars)/", text), f"{rel} names a file: {text}"
+            assert text != "ansible.builtin.include_vars", f"{rel} loads variables from a file"
+
+
+def test_a_read_of_another_roles_defaults_is_found():
+    task = {"ansible.builtin.include_vars": {"file": "{{ role_path }}/../x/defaults/main.yml"}}
+    texts = scalars(yaml.safe_load(yaml.safe_dump([{"name": "Read", **task}])))
+    assert "ansible.builtin.include_vars" in texts
+    assert any(re.search(r"role_path\W*/\.\.", t) for t in texts)
+    assert not re.search(r"role_path\W*/\.\.", "{{ role_path ~ '/files/plot.py' }}")
