@@ -17,7 +17,9 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVE = yaml.safe_load((ROOT / "inventories/sim/group_vars/all/serve.yml").read_text())
-PORT = yaml.safe_load((ROOT / "roles/vllm_serve/defaults/main.yml").read_text())["vllm_serve_port"]
+# The serving port vllm_serve derives from spark_defaults.
+SHARED = yaml.safe_load((ROOT / "roles/spark_defaults/defaults/main.yml").read_text())
+PORT = SHARED["spark_serving_port"]
 SCRIPT = json.loads((ROOT / "sim/models/conversations.json").read_text())
 
 

@@ -16,7 +16,9 @@ import yaml
 from conftest import INVENTORY, ROOT
 
 SERVE = yaml.safe_load((INVENTORY / "group_vars/all/serve.yml").read_text())
-PORT = yaml.safe_load((ROOT / "roles/vllm_serve/defaults/main.yml").read_text())["vllm_serve_port"]
+# The serving port vllm_serve derives from spark_defaults.
+SHARED = yaml.safe_load((ROOT / "roles/spark_defaults/defaults/main.yml").read_text())
+PORT = SHARED["spark_serving_port"]
 MODEL = SERVE["vllm_serve_served_model_name"]
 SCRIPT = json.loads((ROOT / "sim/models/conversations.json").read_text())
 CHATS = {chat["name"]: chat for chat in SCRIPT["chats"]}

@@ -58,7 +58,12 @@ def status(tmp_path: Path, label: str) -> tuple[subprocess.CompletedProcess, dic
 @pytest.fixture(scope="module")
 def serving(ansible, deployed_pair):
     """The pair's settings from the inventory, once its endpoint has proven it serves."""
-    defaults = yaml.safe_load((ROOT / "roles" / "vllm_serve" / "defaults" / "main.yml").read_text())
+    shared = yaml.safe_load((ROOT / "roles/spark_defaults/defaults/main.yml").read_text())
+    serve = yaml.safe_load((ROOT / "roles/vllm_serve/defaults/main.yml").read_text())
+    # vllm_serve derives its port and key from spark_defaults.
+    defaults = {"vllm_serve_backend": serve["vllm_serve_backend"],
+                "vllm_serve_api_key": shared["spark_serving_api_key"],
+                "vllm_serve_port": shared["spark_serving_port"]}  # fmt: skip
     for name in ("vllm_serve_backend", "vllm_serve_api_key", "vllm_serve_port", "ansible_host"):
         value = ansible("spark-1", "ansible.builtin.debug", f"var={name}")["spark-1"][name]
         _SETTINGS[name] = defaults[name] if "is undefined" in str(value) else value
