@@ -10,6 +10,7 @@ from ansible_collections.dgx_spark.cluster.plugins.module_utils import (
     cx7_ports,
     fast_link,
     link_checks,
+    link_plan,
     spark_platform,
 )
 
@@ -88,7 +89,7 @@ def host_prep_check(text, check, *args, **kwargs):
 
 def host_prep_serving(containers, name):
     """Names of the running serving containers in docker_host_info's container list."""
-    return link_checks.serving_containers(list(containers or []), name)
+    return link_plan.serving_containers(list(containers or []), name)
 
 
 def host_prep_link_plan(hosts, hostvars, mode, hardware):
@@ -98,18 +99,18 @@ def host_prep_link_plan(hosts, hostvars, mode, hardware):
         facts = hostvars[host]
         nodes[host] = {
             "settings": dict(facts.get("_host_prep_link_settings") or {}),
-            "record": link_checks.read_link_record(facts.get("_host_prep_link_record_text")),
+            "record": link_plan.read_link_record(facts.get("_host_prep_link_record_text")),
             "serving": list(facts.get("_host_prep_serving") or []),
         }
     try:
-        return link_checks.plan_link_check(str(mode), bool(hardware), nodes)
+        return link_plan.plan_link_check(str(mode), bool(hardware), nodes)
     except ValueError as exc:
         raise AnsibleFilterError(str(exc)) from exc
 
 
 def host_prep_link_record(settings, checked_at, results=None):
     """The record a node keeps after its link check passed."""
-    return link_checks.link_record(dict(settings), str(checked_at), list(results or []))
+    return link_plan.link_record(dict(settings), str(checked_at), list(results or []))
 
 
 def host_prep_platform(nvidia_smi, gpus, host="", kernel=""):

@@ -33,9 +33,6 @@ description:
   - The probe container has networking disabled and is always removed.
 author:
   - dgx_spark.cluster developers (!UNKNOWN)
-requirements:
-  - Docker SDK for Python (C(docker), Debian's C(python3-docker)) on the target node
-  - access to the node's Docker daemon socket, usually with the task keyword C(become)
 attributes:
   check_mode:
     support: full
@@ -43,6 +40,8 @@ attributes:
   diff_mode:
     support: none
     description: The module changes nothing, so there is no diff.
+extends_documentation_fragment:
+  - dgx_spark.cluster.image_run
 options:
   image:
     description:
@@ -70,24 +69,6 @@ options:
     type: list
     elements: str
     default: []
-  python:
-    description:
-      - The Python interpreter inside the image that has vLLM installed.
-      - By default C($VIRTUAL_ENV/bin/python3) when the image sets C(VIRTUAL_ENV), then
-        C(python3), then C(python), found through the image's C(PATH).
-    type: str
-  docker_host:
-    description:
-      - The Docker daemon on the node to talk to.
-      - Falls back to the E(DOCKER_HOST) environment variable of the module's process.
-    type: str
-    default: unix:///var/run/docker.sock
-  timeout:
-    description:
-      - Seconds the probe container may run (importing vLLM and torch) before the module
-        gives up on it.
-    type: int
-    default: 300
   model_config:
     description:
       - Also build vLLM's model configuration from the model directory the arguments name.

@@ -27,9 +27,6 @@ description:
   - The probe containers have networking disabled and are always removed.
 author:
   - dgx_spark.cluster developers (!UNKNOWN)
-requirements:
-  - Docker SDK for Python (C(docker), Debian's C(python3-docker)) on the target node
-  - access to the node's Docker daemon socket, usually with the task keyword C(become)
 attributes:
   check_mode:
     support: full
@@ -37,6 +34,8 @@ attributes:
   diff_mode:
     support: none
     description: The module changes nothing, so there is no diff.
+extends_documentation_fragment:
+  - dgx_spark.cluster.image_run
 options:
   image:
     description:
@@ -65,18 +64,6 @@ options:
       - A second image on the same node, always read statically. RV(comparison) then lists
         the architectures and model files present in one image and not in the other.
     type: str
-  python:
-    description:
-      - The Python interpreter inside the image(s) that has vLLM installed.
-      - By default C($VIRTUAL_ENV/bin/python3) when the image sets C(VIRTUAL_ENV), then
-        C(python3), then C(python), found through the image's C(PATH).
-    type: str
-  docker_host:
-    description:
-      - The Docker daemon on the node to talk to.
-      - Falls back to the E(DOCKER_HOST) environment variable of the module's process.
-    type: str
-    default: unix:///var/run/docker.sock
   modules:
     description:
       - Top-level Python modules (for example C(ray)) to import in the image's Python, in
@@ -90,11 +77,6 @@ options:
         RV(registry_source) (for a transplant, which patches it).
     type: bool
     default: false
-  timeout:
-    description:
-      - Seconds a probe container may run before the module gives up on it.
-    type: int
-    default: 300
 notes:
   - The probe container runs as the image's user, without GPUs and without a network;
     in O(mode=import) a module that needs a GPU at import time reports an import error.

@@ -62,7 +62,7 @@ def serving(ansible, deployed_pair):
     shared = yaml.safe_load((ROOT / "roles/spark_defaults/defaults/main.yml").read_text())
     defaults = {
         "vllm_serve_backend": shared["spark_serving_backend"],
-        "vllm_serve_api_key": "",
+        "vllm_serve_api_key": shared["spark_serving_api_key"],
         "vllm_serve_port": shared["spark_serving_port"],
     }
     for name in ("vllm_serve_backend", "vllm_serve_api_key", "vllm_serve_port", "ansible_host"):

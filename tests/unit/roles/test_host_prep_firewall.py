@@ -26,9 +26,10 @@ DEFAULTS = DataLoader().load_from_file(str(ROLE / "defaults/main.yml"), trusted_
 SHARED = DataLoader().load_from_file(
     str(ROOT / "roles/spark_defaults/defaults/main.yml"), trusted_as_template=True
 )
-# The owners' defaults as include_vars reads them: templates, rendered where they are used.
+# The defaults of the roles that own the ports: the firewall must open what they use, though it
+# reads only spark_defaults (and the inventory).
 OWNERS = {
-    f"_host_prep_firewall_{owner}_defaults": DataLoader().load_from_file(
+    owner: DataLoader().load_from_file(
         str(ROOT / "roles" / owner / "defaults/main.yml"), trusted_as_template=True
     )
     for owner in ("ray_cluster", "vllm_serve")
@@ -37,7 +38,7 @@ OWNERS = {
 
 def _owner(owner: str) -> dict:
     """An owner's port defaults as they render beside spark_defaults."""
-    defaults = OWNERS[f"_host_prep_firewall_{owner}_defaults"]
+    defaults = OWNERS[owner]
     ports = {name: value for name, value in defaults.items() if name.endswith("_port")}
     return Templar(loader=DataLoader(), variables={**SHARED, **defaults}).template(ports)
 
@@ -93,7 +94,6 @@ def decide(host: str = "spark-1", hostvars: dict | None = None, **overrides) -> 
     variables = {
         **SHARED,
         **DEFAULTS,
-        **OWNERS,
         "host_prep_comm_env_file": "/etc/dgx-spark/comm.env",
         "host_prep_nccl_master_port": 29511,
         "host_prep_rdma_port": 18515,
@@ -124,7 +124,7 @@ def decide(host: str = "spark-1", hostvars: dict | None = None, **overrides) -> 
     return variables
 
 
-def test_ray_nccl_and_launcher_ports_are_peer_only_and_read_from_their_roles():
+def test_ray_nccl_and_launcher_ports_are_peer_only_and_those_their_roles_use():
     out = decide()
     ray = _owner("ray_cluster")
     ports = out["_host_prep_firewall_cluster_ports"]
@@ -349,9 +349,9 @@ def test_validate_decides_and_checks_before_any_change_and_firewall_does_not_che
     names = [t["name"] for t in TASKS]
     checked = names.index("Require valid addresses and ports for the firewall")
     assert checked < names.index("Remember that this run validated host_prep")
-    # Deciding and checking read only: facts, the inventory, the roles' defaults and /proc.
+    # Deciding and checking read only: facts, the inventory, spark_defaults and /proc.
     firewall_tasks = [t for t in TASKS if "_host_prep_firewall" in str(t)]
-    read_only = {f"ansible.builtin.{m}" for m in ("include_vars", "slurp", "set_fact", "assert")}
+    read_only = {f"ansible.builtin.{m}" for m in ("slurp", "set_fact", "assert")}
     assert all(read_only & set(t) for t in firewall_tasks), [t["name"] for t in firewall_tasks]
     assert not [t["name"] for t in FIREWALL
                 if {"ansible.builtin.assert", "ansible.builtin.fail"} & set(t)]  # fmt: skip

@@ -3,7 +3,9 @@ the templates render what a Spark needs, and the NCCL check script refuses unbou
 
 from __future__ import annotations
 
+import ast
 import importlib.util
+import re
 import sys
 from pathlib import Path
 
@@ -84,6 +86,31 @@ def test_script_refuses_an_unbounded_buffer(script, capsys):
 def test_script_finds_link_checks_in_the_checkout(script):
     checks = script.load_link_checks()
     assert checks.DEFAULT_MIN_BUSBW_GBPS == 21.875
+
+
+def test_the_node_gets_every_file_the_nccl_check_imports(script):
+    """The role copies the script and link_checks.py, nothing else, and the script imports that
+    file alone by path in a container without Ansible: it must need only the standard library
+    and hold every name the script (and the sim's stand-in rank) takes from it; the re-run
+    planning is link_plan.py's."""
+    tasks = yaml.safe_load((ROLE / "tasks" / "verify_nccl_torch.yml").read_text())
+    copy = next(t for t in tasks if "ansible.builtin.copy" in t and "loop" in t)
+    assert [Path(item).name for item in copy["loop"]] == ["nccl_allgather_busbw.py",
+                                                          "link_checks.py"]  # fmt: skip
+    source = ROLE.parents[1] / "plugins" / "module_utils" / "link_checks.py"
+    tree = ast.parse(source.read_text())
+    imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import)
+                for a in n.names}  # fmt: skip
+    imported |= {n.module.split(".")[0] for n in ast.walk(tree)
+                 if isinstance(n, ast.ImportFrom) and n.module}  # fmt: skip
+    assert imported - {"__future__"} <= set(sys.stdlib_module_names), imported
+    used = set(re.findall(r"\bchecks\.([A-Za-z_]\w*)", (ROLE / "files" / "nccl_allgather_busbw.py")
+                          .read_text()))  # fmt: skip
+    # The sim's stand-in rank (tests/sim/host_prep_standins) imports the same file from /checks.
+    standin = ROLE.parents[1] / "tests" / "sim" / "host_prep_standins" / "nccl_rank.py"
+    used |= set(re.findall(r"\blink_checks\.(?!py\b)([A-Za-z_]\w*)", standin.read_text()))
+    checks = script.load_link_checks()
+    assert used and [name for name in sorted(used) if not hasattr(checks, name)] == []
 
 
 def test_script_combines_rank_transports(script):

@@ -1,6 +1,7 @@
 """Settings that more than one role reads live in roles/spark_defaults alone: each value is
 written there once, every role that reads one depends on spark_defaults (whose defaults Ansible
-then gives it), and no role falls back to a value of its own or reads another role's internals."""
+then gives it), and no role falls back to a value of its own, reads another role's internals or
+reads another role's files by path."""
 
 from __future__ import annotations
 
@@ -27,10 +28,13 @@ LITERALS = {
     "/etc/dgx-spark/ray": r"/etc/dgx-spark/ray(?![\w-])",
     "/var/lib/dgx-spark/ray": r"/var/lib/dgx-spark/ray(?![\w-])",
     "/var/lib/dgx-spark/cache": r"/var/lib/dgx-spark/cache(?![\w-])",
-    "8000": r"(?<![\d])8000(?![\d])",
     "vllm-node:latest": r"(?<![\w/-])vllm-node:latest(?![\w.-])",
     "hellohal2064/vllm-qwen3.5-gb10": r"hellohal2064/vllm-qwen3\.5-gb10",
-}
+    "/var/lib/dgx-spark/watchdog": r"/var/lib/dgx-spark/watchdog(?![\w-])",
+    # The serving and Ray ports that host_prep's firewall and monitoring read too.
+    **{port: rf"(?<![\d]){port}(?![\d])" for port in (
+        "8000", "29501", "6380", "6381", "52365", "52366", "52367", "52368", "8265")},
+}  # fmt: skip
 
 
 def values(node) -> list[str]:
@@ -68,6 +72,32 @@ def reads_shared(role: str) -> list[str]:
     text = role_text(role)
     named = [name for name in SHARED if re.search(rf"\b{name}\b", text)]
     return named + (["another role's defaults/main.yml"] if "/defaults/main.yml" in text else [])
+
+
+# A path that climbs out of the role's own folder to a sibling: role_path, then one /.. that
+# another /.. does not follow ({{ role_path }}/../../plugins is the collection's, not a role's).
+_UP_TO_THE_ROLES = re.compile(r"role_path[^\w/.]*/\.\.(?!/\.\.)")
+# Reads by path that are still to move; each must still be one (remove it here once it is not).
+KNOWN_REACH_INS: set[tuple[str, str]] = set()
+
+
+def reach_ins(role: str, roles_dir: Path, roles: list[str]) -> dict[str, list[str]]:
+    """The values (comments aside) in a role's tasks, handlers, vars, defaults, meta and
+    templates that name a path into another role's folder: {file: values}."""
+    pattern = "|".join(re.escape(r) for r in roles if r != role) or "(?!)"
+    into = re.compile(rf"(?:roles|\.\.)/(?:{pattern})(?:/|$)")
+    found = {}
+    for path in sorted((roles_dir / role).glob("**/*")):
+        part = path.relative_to(roles_dir / role).parts[0]
+        if not path.is_file() or part not in ("tasks", "handlers", "vars", "defaults", "meta",
+                                              "templates"):  # fmt: skip
+            continue
+        text = path.read_text()
+        scalars = values(yaml.safe_load(text)) if path.suffix in (".yml", ".yaml") else [text]
+        hits = [v for v in scalars if _UP_TO_THE_ROLES.search(v) or into.search(v)]
+        if hits:
+            found[str(path.relative_to(roles_dir / role))] = hits
+    return found
 
 
 def dependencies(role: str) -> list[str]:
@@ -132,3 +162,40 @@ def test_no_role_reads_another_roles_internal_variables(role):
 def test_the_roles_are_found():
     assert HOME in ROLES and len(ROLES) > 1
     assert {"spark_comm_env_file", "spark_serving_image", "spark_ray_gcs_port"} <= set(SHARED)
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_no_role_reads_another_roles_files_by_path(role):
+    found = reach_ins(role, ROOT / "roles", ROLES)
+    unknown = {f: v for f, v in found.items() if (role, f) not in KNOWN_REACH_INS}
+    assert not unknown, (
+        f"{role} reads another role's files by path: {unknown}; put a value several roles read in "
+        f"roles/{HOME}/defaults/main.yml and derive each role's own from it"
+    )
+
+
+@pytest.mark.parametrize(("role", "file"), sorted(KNOWN_REACH_INS))
+def test_each_known_read_by_path_is_still_one(role, file):
+    assert file in reach_ins(role, ROOT / "roles", ROLES), f"remove {role}/{file} from the list"
+
+
+def test_a_read_by_path_is_found(tmp_path):
+    files = {
+        "a/tasks/main.yml": "- ansible.builtin.include_vars:\n"
+        '    file: "{{ role_path }}/../{{ item }}/defaults/main.yml"\n',
+        "b/vars/main.yml": "_b: \"{{ lookup('file', role_path ~ '/../a/defaults/main.yml') }}\"",
+        "c/tasks/main.yml": "- ansible.builtin.copy:\n    src: ../../a/files/x.py\n    dest: /x\n",
+        "d/templates/x.j2": "{{ lookup('file', playbook_dir ~ '/roles/b/files/y') }}\n",
+        # Not reads by path: the collection's plugins, a comment, the role's own files.
+        "e/tasks/main.yml": "# reads roles/a/defaults/main.yml by path (no more)\n"
+        "- ansible.builtin.copy:\n"
+        '    src: "{{ role_path }}/../../plugins/module_utils/x.py"\n    dest: /x\n'
+        '- ansible.builtin.template:\n    src: "{{ role_path }}/templates/e.j2"\n    dest: /y\n',
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    roles = ["a", "b", "c", "d", "e"]
+    found = {role: sorted(reach_ins(role, tmp_path, roles)) for role in roles}
+    assert found == {"a": ["tasks/main.yml"], "b": ["vars/main.yml"], "c": ["tasks/main.yml"],
+                     "d": ["templates/x.j2"], "e": []}  # fmt: skip

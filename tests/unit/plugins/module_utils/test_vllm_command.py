@@ -10,22 +10,21 @@ import yaml
 from ansible_collections.dgx_spark.cluster.plugins.module_utils import vllm_command
 
 ROOT = Path(__file__).resolve().parents[4]
+DEFAULTS = yaml.safe_load((ROOT / "roles/vllm_serve/defaults/main.yml").read_text())
 SHARED = yaml.safe_load((ROOT / "roles/spark_defaults/defaults/main.yml").read_text())
-# The role's defaults, each one written as "{{ spark_... }}" given its spark_defaults value.
-DEFAULTS = {
-    name: SHARED[shared.group(1)]
-    if isinstance(value, str) and (shared := re.fullmatch(r"\{\{ (spark_\w+) \}\}", value))
-    else value
-    for name, value in yaml.safe_load(
-        (ROOT / "roles/vllm_serve/defaults/main.yml").read_text()
-    ).items()
-}
+
+
+def _shared(value, seen: dict = SHARED):
+    """A default that is one spark_defaults variable (the port: "{{ spark_serving_port }}"),
+    as Ansible gives it; any other value as written."""
+    match = re.fullmatch(r"\{\{ (spark_\w+) \}\}", str(value))
+    return seen[match.group(1)] if match else value
 
 
 def production_settings(**overrides) -> dict:
     """The role's defaults, as vars/main.yml maps them, for the Qwen3.5 recipe."""
     settings = {
-        key.removeprefix("vllm_serve_"): value
+        key.removeprefix("vllm_serve_"): _shared(value)
         for key, value in DEFAULTS.items()
         if key.startswith("vllm_serve_")
     }
@@ -239,10 +238,10 @@ def test_empty_values_leave_vllms_defaults():
 
 def _inventory(name: str) -> dict:
     """An inventory's group_vars/all over the role's defaults (the values a run sees)."""
-    seen = dict(DEFAULTS)
+    seen = {**SHARED, **DEFAULTS}
     for path in sorted((ROOT / "inventories" / name / "group_vars" / "all").glob("*.yml")):
         seen.update(yaml.safe_load(path.read_text()) or {})
-    return seen
+    return {key: _shared(value, seen) for key, value in seen.items()}
 
 
 def _auth_errors(seen: dict) -> list[str]:
