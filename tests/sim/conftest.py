@@ -29,6 +29,9 @@ def _load(name: str, path: Path):
 
 
 simctl = _load("simctl", ROOT / "sim" / "simctl.py")
+# The modules simctl imported from sim/ (one copy each: what a test changes reaches simctl).
+sim_common = importlib.import_module("sim_common")
+sim_images = importlib.import_module("sim_images")
 # The fault drills (benchmarks/drills.py), shared by the recovery and serving tests.
 drills = _load("drills", ROOT / "benchmarks" / "drills.py")
 
@@ -78,6 +81,12 @@ def sim():
 @pytest.fixture(scope="session")
 def nodes(sim):
     return sim.read_nodes()
+
+
+@pytest.fixture(scope="session")
+def images(sim):
+    """The sim's images (sim/sim_images.py): their names, the pinned versions, the tiny model."""
+    return sim_images
 
 
 @pytest.fixture(scope="session")
