@@ -72,8 +72,8 @@ def builds(sim_images, monkeypatch, tmp_path):
         return subprocess.CompletedProcess(cmd, 0, "Step 1/1 : FROM base\n", "")
 
     monkeypatch.setattr(sim_images, "CACHE", tmp_path / "cache")
-    monkeypatch.setattr(sim_images, "image_label", lambda tag: labels.get(tag))
-    monkeypatch.setattr(sim_images, "image_id", lambda tag: ids.get(tag))
+    monkeypatch.setattr(sim_images, "image_label", labels.get)
+    monkeypatch.setattr(sim_images, "image_id", ids.get)
     monkeypatch.setattr(sim_images, "run_step", run_step)
     context = tmp_path / "vllm-donor"
     context.mkdir()
