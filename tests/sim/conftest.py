@@ -29,6 +29,9 @@ def _load(name: str, path: Path):
 
 
 simctl = _load("simctl", ROOT / "sim" / "simctl.py")
+# The modules simctl imported from sim/ (one copy each: what a test changes reaches simctl).
+sim_common = importlib.import_module("sim_common")
+sim_images = importlib.import_module("sim_images")
 # The fault drills (benchmarks/drills.py), shared by the recovery and serving tests.
 drills = _load("drills", ROOT / "benchmarks" / "drills.py")
 
@@ -81,6 +84,12 @@ def nodes(sim):
 
 
 @pytest.fixture(scope="session")
+def images(sim):
+    """The sim's images (sim/sim_images.py): their names, the pinned versions, the tiny model."""
+    return sim_images
+
+
+@pytest.fixture(scope="session")
 def hosts(sim, nodes):
     """testinfra hosts over real SSH, with the key and host keys sim-up wrote."""
     config = sim.STATE / "ssh" / "config"
@@ -119,12 +128,17 @@ def ansible():
 
 
 class PlaybookRun:
-    """One ansible-playbook run with the JSON callback: rc, seconds, stats and results."""
+    """One ansible-playbook run: rc, seconds and its output; with the JSON callback (the
+    default) also its report, read through stats and results."""
 
-    def __init__(self, proc: subprocess.CompletedProcess, seconds: float):
+    def __init__(self, proc: subprocess.CompletedProcess, seconds: float, json_report: bool = True):
         self.rc = proc.returncode
         self.seconds = seconds
+        self.stdout = proc.stdout
         self.raw = proc.stdout + proc.stderr
+        self.report: dict | None = None
+        if not json_report:
+            return
         try:
             self.report = json.loads(proc.stdout)
         except json.JSONDecodeError:
@@ -163,19 +177,23 @@ class PlaybookRun:
         return "\n".join(out)
 
 
-def run_playbook(path: str, *extra: str) -> PlaybookRun:
-    """ansible-playbook PATH -i inventories/sim EXTRA..., from the repository root."""
-    env = {
-        **os.environ,
-        "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
-        "ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.json",
-        "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1",
-        "ANSIBLE_NOCOLOR": "1",
-    }
+def run_playbook(
+    path: str, *extra: str, json_report: bool = True, timeout: float | None = None
+) -> PlaybookRun:
+    """ansible-playbook PATH -i inventories/sim EXTRA..., from the repository root. With
+    json_report=False the output is ansible.cfg's own callback, the text a user reads."""
+    env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1"}
+    if json_report:
+        env |= {
+            "ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.json",
+            "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1",
+        }
     cmd = [str(ANSIBLE_BIN / "ansible-playbook"), path, "-i", str(INVENTORY), *extra]
     started = time.monotonic()
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, text=True, capture_output=True, check=False)
-    return PlaybookRun(proc, time.monotonic() - started)
+    proc = subprocess.run(
+        cmd, cwd=ROOT, env=env, text=True, capture_output=True, timeout=timeout, check=False
+    )
+    return PlaybookRun(proc, time.monotonic() - started, json_report)
 
 
 def playbook_report(path: str, *extra: str) -> dict:

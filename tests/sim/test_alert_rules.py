@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import _load, simctl
+from conftest import _load, sim_common, sim_images, simctl
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent / "monitoring"
@@ -47,9 +47,10 @@ def promtool():
 
     def run(workdir: Path, *args: str) -> subprocess.CompletedProcess:
         return subprocess.run(
-            [simctl.DOCKER, "run", "--rm", "--network", "none", "--label", f"{simctl.LABEL}=job",
+            [sim_common.DOCKER, "run", "--rm", "--network", "none",
+             "--label", f"{sim_common.LABEL}=job",
              "-v", f"{workdir}:/t:ro", "-w", "/t", "--entrypoint", "promtool",
-             simctl.MONITORING_IMAGE, *args],
+             sim_images.MONITORING_IMAGE, *args],
             text=True, capture_output=True, check=False,
         )  # fmt: skip
 

@@ -77,13 +77,13 @@ def completion(node) -> int:
 
 
 @pytest.fixture(scope="module")
-def outsider(sim):
+def outsider(sim, images):
     """A container of the outer Docker on the sim's management and fast networks, not a node;
     labelled as the sim's own, so `make sim-down` removes it too if this test cannot."""
     subprocess.run(["docker", "rm", "-f", OUTSIDER], capture_output=True, check=False)
     docker("run", "-d", "--rm", "--name", OUTSIDER, "--label", f"{sim.LABEL}=probe",
            "--network", sim.MGMT_NETWORK, "--entrypoint", "sleep",
-           f"dgxsim-node:{sim.DEBIAN_SUITE}", "1800")  # fmt: skip
+           images.NODE_IMAGE, "1800")  # fmt: skip
     try:
         docker("network", "connect", sim.FAST_NETWORK, OUTSIDER)
         yield OUTSIDER

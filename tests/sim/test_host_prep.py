@@ -161,7 +161,9 @@ def test_docker_usable_by_the_owner_without_sudo(runs, hosts):
         assert "docker" in host.user("spark").groups
 
 
-def test_nccl_check_script_runs_across_the_pair_with_the_comm_env(runs, ansible, hosts, nodes, sim):
+def test_nccl_check_script_runs_across_the_pair_with_the_comm_env(
+    runs, ansible, hosts, nodes, images
+):
     """The same script the role runs on GPUs, here on CPU (Gloo) with torchrun across the fast
     link, in a container that reads the node's comm.env: proves the script's two-host path and
     that the env file is usable as a Docker env_file."""
@@ -177,7 +179,7 @@ def test_nccl_check_script_runs_across_the_pair_with_the_comm_env(runs, ansible,
         cmd = (
             "docker run --rm --network host --env-file /etc/dgx-spark/comm.env "
             "-v /tmp/host_prep_check:/checks:ro --entrypoint torchrun "
-            f"{shlex.quote(sim.DONOR_IMAGE)} --nnodes 2 --nproc-per-node 1 --node-rank {rank} "
+            f"{shlex.quote(images.DONOR_IMAGE)} --nnodes 2 --nproc-per-node 1 --node-rank {rank} "
             f"--master-addr {head.fast_ip} --master-port 29511 /checks/nccl_allgather_busbw.py "
             "--device cpu --size 16M --iters 3 --warmup 1 --all-ranks"
         )
@@ -257,7 +259,7 @@ STANDIN_NETPLAN = "/etc/netplan/41-standin.yaml"
 STANDIN_NCCL_IMAGE = "dgxsim-standin/nccl-check:latest"
 
 
-def test_hardware_path_with_stand_ins(runs, ansible, hosts, sim, tmp_path):
+def test_hardware_path_with_stand_ins(runs, ansible, hosts, images, tmp_path):
     """The hardware-only tasks run as Ansible tasks with stand-ins for the Spark's tools
     (host_prep_standins/): netplan apply, the peer check and the rollback, ethtool,
     ibdev2netdev, ib_write_bw, the NVIDIA runtime and the NCCL check. Files go to other paths
@@ -275,7 +277,7 @@ def test_hardware_path_with_stand_ins(runs, ansible, hosts, sim, tmp_path):
     assert not any(r.get("failed") for r in done.values()), done
     for host in hosts.values():
         host.check_output(
-            f"sudo docker build -q -t {STANDIN_NCCL_IMAGE} --build-arg BASE={sim.CLUSTER_IMAGE} "
+            f"sudo docker build -q -t {STANDIN_NCCL_IMAGE} --build-arg BASE={images.CLUSTER_IMAGE} "
             f"-f {STANDIN_DIR}/Dockerfile.nccl {STANDIN_DIR}"
         )
     wrapper = tmp_path / "hardware.yml"
@@ -343,7 +345,7 @@ def test_hardware_path_with_stand_ins(runs, ansible, hosts, sim, tmp_path):
         hosts["spark-2"].check_output(
             "sudo docker run -d --name host-prep-test-serving "
             "--label dgx_spark.cluster.component=vllm --entrypoint sleep "
-            f"{shlex.quote(sim.CLUSTER_IMAGE)} 600"
+            f"{shlex.quote(images.CLUSTER_IMAGE)} 600"
         )
         try:
             serving = playbook(*extra, "-e", "host_prep_rdma_min_gbps=80", path=str(wrapper))

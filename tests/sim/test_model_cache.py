@@ -85,8 +85,8 @@ def clean(hosts, path: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def tiny(sim) -> Path:
-    return Path(sim.TINY_MODEL)
+def tiny(images) -> Path:
+    return Path(images.TINY_MODEL)
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -9,8 +9,6 @@ from __future__ import annotations
 import csv
 import json
 import os
-import subprocess
-import sys
 import tarfile
 import time
 import urllib.request
@@ -18,26 +16,17 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import PlaybookRun, run_playbook
 
 ROOT = Path(__file__).resolve().parents[2]
-INVENTORY = ROOT / "inventories" / "sim"
-ANSIBLE_BIN = Path(sys.executable).parent
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
-def playbook(
-    name: str, *extra: str, timeout: int = 600
-) -> tuple[subprocess.CompletedProcess, float]:
-    """Run playbooks/<name> against the sim inventory; (process, wall seconds)."""
-    env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1"}
-    cmd = [str(ANSIBLE_BIN / "ansible-playbook"), "-i", str(INVENTORY), f"playbooks/{name}", *extra]
-    started = time.monotonic()
-    proc = subprocess.run(
-        cmd, cwd=ROOT, env=env, text=True, capture_output=True, timeout=timeout, check=False
-    )
-    wall = time.monotonic() - started
-    assert _secret() not in proc.stdout + proc.stderr, f"{name} printed the API key"
-    return proc, wall
+def playbook(name: str, *extra: str, timeout: int = 600) -> PlaybookRun:
+    """Run playbooks/<name> against the sim inventory, its output the text a user reads."""
+    run = run_playbook(f"playbooks/{name}", *extra, json_report=False, timeout=timeout)
+    assert _secret() not in run.raw, f"{name} printed the API key"
+    return run
 
 
 _SETTINGS: dict = {}
@@ -47,12 +36,12 @@ def _secret() -> str:
     return _SETTINGS["vllm_serve_api_key"]
 
 
-def status(tmp_path: Path, label: str) -> tuple[subprocess.CompletedProcess, dict, float]:
+def status(tmp_path: Path, label: str) -> tuple[PlaybookRun, dict]:
     path = tmp_path / f"status-{label}.json"
     # Relative, as a user would type it: relative to the directory the playbook runs in.
-    proc, wall = playbook("status.yml", "-e", f"status_json={os.path.relpath(path, ROOT)}")
-    assert path.is_file(), f"status wrote no JSON (rc {proc.returncode}):\n{proc.stdout[-3000:]}"
-    return proc, json.loads(path.read_text()), wall
+    run = playbook("status.yml", "-e", f"status_json={os.path.relpath(path, ROOT)}")
+    assert path.is_file(), f"status wrote no JSON (rc {run.rc}):\n{run.stdout[-3000:]}"
+    return run, json.loads(path.read_text())
 
 
 @pytest.fixture(scope="module")
@@ -89,8 +78,8 @@ def _completes(url: str) -> bool:
 
 
 def test_status_reports_a_healthy_pair(serving, tmp_path):
-    proc, report, wall = status(tmp_path, "healthy")
-    assert proc.returncode == 0, proc.stdout[-3000:]
+    run, report = status(tmp_path, "healthy")
+    assert run.rc == 0, run.stdout[-3000:]
     assert report["healthy"], report["problems"]
     cluster = report["cluster"]
     assert cluster["backend"] == serving
@@ -107,9 +96,9 @@ def test_status_reports_a_healthy_pair(serving, tmp_path):
         assert node["ray"]["running"], name
         assert node["memory"]["total_mb"] > 0 and node["disks"], name
     assert report["nodes"]["spark-1"]["serving"]["running"]
-    assert "HEALTHY" in proc.stdout and "spark-2  worker" in proc.stdout
-    print(f"\nstatus wall time: {wall:.1f} s")
-    assert wall < 30, f"status took {wall:.1f} s"
+    assert "HEALTHY" in run.stdout and "spark-2  worker" in run.stdout
+    print(f"\nstatus wall time: {run.seconds:.1f} s")
+    assert run.seconds < 30, f"status took {run.seconds:.1f} s"
 
 
 def test_benchmark_results_hang_together(serving, tmp_path):
@@ -117,10 +106,9 @@ def test_benchmark_results_hang_together(serving, tmp_path):
     relative = os.path.relpath(results, ROOT)
     # Fewer prompts per run than the sim's defaults: the figures' coherence is what is tested.
     fewer = ("-e", "operate_benchmark_min_prompts=4", "-e", "operate_benchmark_prompts_per_slot=2")
-    proc, wall = playbook("benchmark.yml", "-e", f"operate_benchmark_results_dir={relative}",
-                          *fewer)  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-4000:]
-    assert "run 1/3: concurrency 1" in proc.stdout  # progress is shown run by run
+    run = playbook("benchmark.yml", "-e", f"operate_benchmark_results_dir={relative}", *fewer)
+    assert run.rc == 0, run.stdout[-4000:]
+    assert "run 1/3: concurrency 1" in run.stdout  # progress is shown run by run
     (first,) = results.iterdir()
     runs = {p.name: json.loads(p.read_text()) for p in first.glob("c*-in*-out*.json")}
     assert sorted(runs) == ["c1-in96-out24.json", "c2-in96-out24.json", "c4-in96-out24.json"]
@@ -142,29 +130,29 @@ def test_benchmark_results_hang_together(serving, tmp_path):
             assert p99 == pytest.approx(raw[f"p99_{metric}_ms"], abs=0.01)
     for name in ("throughput.png", "ttft.png", "itl.png"):
         assert (first / name).read_bytes().startswith(PNG), name
-    print(f"\nbenchmark wall time: {wall:.1f} s\n" + (first / "summary.csv").read_text())
+    print(f"\nbenchmark wall time: {run.seconds:.1f} s\n" + (first / "summary.csv").read_text())
 
     # A second, shorter sweep plotted against the first.
-    proc, _ = playbook(
+    again = playbook(
         "benchmark.yml",
         "-e", f"operate_benchmark_results_dir={results}",
         "-e", '{"operate_benchmark_concurrency": [1, 2]}', *fewer,
         "-e", f"benchmark_compare={first}",
     )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-4000:]
+    assert again.rc == 0, again.stdout[-4000:]
     (second,) = [p for p in results.iterdir() if p != first]
     assert (second / "compare.png").read_bytes().startswith(PNG)
 
 
 def test_logs_archive_holds_both_nodes(serving, tmp_path):
-    proc, _ = playbook(
+    run = playbook(
         "logs.yml",
         "-e",
         f"operate_logs_dir={os.path.relpath(tmp_path, ROOT)}",
         "-e",
         "operate_logs_lines=50",
     )
-    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert run.rc == 0, run.stdout[-3000:]
     (archive,) = tmp_path.glob("dgx-spark-logs-*.tar.gz")
     with tarfile.open(archive) as tar:
         members = {
@@ -197,17 +185,17 @@ def test_status_fails_when_a_worker_rank_stops(serving, hosts, tmp_path):
     worker = hosts["spark-2"]
     assert worker.run(f"sudo docker stop {container}").rc == 0
     try:
-        proc, report, _ = status(tmp_path, "stopped")
-        assert proc.returncode != 0
+        run, report = status(tmp_path, "stopped")
+        assert run.rc != 0
         assert not report["healthy"]
         assert any(p.startswith("spark-2: ") and "exited" in p for p in report["problems"])
-        assert "UNHEALTHY" in proc.stdout
+        assert "UNHEALTHY" in run.stdout
     finally:
         worker.run_expect([0], f"sudo docker start {container}")
         if not _wait_until_serving(timeout=240):
             # The head gave up on the lost rank: start the stage again as deploy.yml would.
             for stage in ("ray.yml", "serve.yml"):
-                restored, _ = playbook(stage, timeout=600)
-                assert restored.returncode == 0, restored.stdout[-3000:]
-    proc, report, _ = status(tmp_path, "restored")
+                restored = playbook(stage, timeout=600)
+                assert restored.rc == 0, restored.stdout[-3000:]
+    _, report = status(tmp_path, "restored")
     assert report["healthy"], report["problems"]

@@ -25,16 +25,16 @@ def test_become_works_for_the_owner(ansible):
     }
 
 
-def test_node_image_carries_no_trust(sim):
+def test_node_image_carries_no_trust(sim, images):
     """Node-to-node trust is host_prep's job: the sim's node image must not ship any."""
     out = sim.docker(
-        "run", "--rm", "--entrypoint", "/bin/sh", "dgxsim-node:" + sim.DEBIAN_SUITE,
+        "run", "--rm", "--entrypoint", "/bin/sh", images.NODE_IMAGE,
         "-c", "ls -A /home/spark/.ssh /root/.ssh /etc/ssh/ssh_host_* 2>/dev/null; true",
     ).stdout  # fmt: skip
     assert out.strip() == "", f"the node image ships keys: {out}"
 
 
-def test_each_node_runs_its_own_dockerd(hosts, sim):
+def test_each_node_runs_its_own_dockerd(hosts, images):
     daemon_ids = set()
     for name, host in hosts.items():
         info = host.run("sudo docker info -f '{{.ID}} {{.Name}}'")
@@ -42,15 +42,15 @@ def test_each_node_runs_its_own_dockerd(hosts, sim):
         daemon_id, daemon_host = info.stdout.split()
         assert daemon_host == name
         daemon_ids.add(daemon_id)
-        bridge = host.run(f"sudo docker run --rm {sim.CLUSTER_IMAGE} python3 -c 'print(6 * 7)'")
+        bridge = host.run(f"sudo docker run --rm {images.CLUSTER_IMAGE} python3 -c 'print(6 * 7)'")
         assert bridge.rc == 0 and bridge.stdout.strip() == "42", f"{name}: {bridge.stderr}"
     assert len(daemon_ids) == len(hosts), "each node must have a Docker daemon of its own"
 
 
-def test_inner_container_sees_the_fast_link_on_host_network(hosts, nodes, sim):
+def test_inner_container_sees_the_fast_link_on_host_network(hosts, nodes, images):
     for node in nodes:
         out = hosts[node.name].check_output(
-            f"sudo docker run --rm --network host {sim.CLUSTER_IMAGE} "
+            f"sudo docker run --rm --network host {images.CLUSTER_IMAGE} "
             "python3 -c 'import socket; print(socket.gethostname())'"
         )
         assert out.strip() == node.name
@@ -83,9 +83,9 @@ def test_fast_link_reaches_the_peer_with_jumbo_frames(hosts, nodes):
 
 
 @pytest.mark.parametrize("image_attr", ["CLUSTER_IMAGE", "DONOR_IMAGE"])
-def test_fixture_images_present_on_both(hosts, sim, image_attr):
-    image = getattr(sim, image_attr)
-    wanted = sim.image_id(image)
+def test_fixture_images_present_on_both(hosts, images, image_attr):
+    image = getattr(images, image_attr)
+    wanted = images.image_id(image)
     assert wanted, f"{image} was not built on the host"
     for name, host in hosts.items():
         got = host.run(f"sudo docker image inspect -f '{{{{.Id}}}}' {image}")
@@ -93,12 +93,12 @@ def test_fixture_images_present_on_both(hosts, sim, image_attr):
         assert got.stdout.strip() == wanted, f"{name} has another {image}"
 
 
-def test_cluster_image_has_ray_and_old_vllm_registry(hosts, sim):
+def test_cluster_image_has_ray_and_old_vllm_registry(hosts, images):
     out = hosts["spark-1"].check_output(
-        f"sudo docker run --rm {sim.CLUSTER_IMAGE} python3 -c "
+        f"sudo docker run --rm {images.CLUSTER_IMAGE} python3 -c "
         '\'import importlib.metadata as m; print(m.version("ray"), m.version("vllm"))\''
     )
-    assert out.split() == [sim.RAY_VERSION, sim.OLD_VLLM_VERSION]
+    assert out.split() == [images.RAY_VERSION, images.OLD_VLLM_VERSION]
 
 
 def _http(url: str, body: dict | None = None, timeout: float = 10) -> dict:
@@ -108,19 +108,21 @@ def _http(url: str, body: dict | None = None, timeout: float = 10) -> dict:
         return json.loads(resp.read() or b"{}")
 
 
-def test_donor_serves_the_tiny_model(ansible, hosts, nodes, sim):
+def test_donor_serves_the_tiny_model(ansible, hosts, nodes, images):
     node = nodes[0]
     host = hosts[node.name]
     model_dir = "/home/spark/sim-models/tiny-qwen3-moe"
     copied = ansible(
-        node.name, "ansible.builtin.copy", f"src={sim.TINY_MODEL}/ dest={model_dir}/ mode=preserve"
+        node.name,
+        "ansible.builtin.copy",
+        f"src={images.TINY_MODEL}/ dest={model_dir}/ mode=preserve",
     )[node.name]
     assert not copied.get("failed"), copied.get("msg")
     name = "dgxsim-test-donor"  # on 8090: a deployed endpoint may hold 8000
     host.run(f"sudo docker rm -f {name}")
     start = host.run(
         f"sudo docker run -d --name {name} --network host --ipc host -v {model_dir}:/model:ro "
-        f"{sim.DONOR_IMAGE} /model --served-model-name tiny "
+        f"{images.DONOR_IMAGE} /model --served-model-name tiny "
         "--port 8090 --max-model-len 512 --enforce-eager"
     )
     assert start.rc == 0, start.stderr
@@ -139,7 +141,7 @@ def test_donor_serves_the_tiny_model(ansible, hosts, nodes, sim):
                 time.sleep(3)
         models = _http(f"{base}/v1/models")
         assert [m["id"] for m in models["data"]] == ["tiny"]
-        known = json.loads((sim.SIM / "models" / "conversations.json").read_text())
+        known = json.loads((images.SIM / "models" / "conversations.json").read_text())
         prompt = known["completions"][0]
         completion = _http(
             f"{base}/v1/completions",

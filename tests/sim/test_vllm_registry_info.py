@@ -28,19 +28,19 @@ def ok(result: dict) -> dict:
     return result
 
 
-def test_static_read_tells_the_images_apart(ansible, sim):
-    node = ok(info(ansible, image=sim.CLUSTER_IMAGE, architectures=[QWEN35_MOE, QWEN3_MOE]))
+def test_static_read_tells_the_images_apart(ansible, images):
+    node = ok(info(ansible, image=images.CLUSTER_IMAGE, architectures=[QWEN35_MOE, QWEN3_MOE]))
     assert node["node"] == NODE
-    assert node["versions"]["vllm"] == sim.OLD_VLLM_VERSION
+    assert node["versions"]["vllm"] == images.OLD_VLLM_VERSION
     assert node["versions"]["torch"] is None
-    assert node["versions"]["ray"] == sim.RAY_VERSION
+    assert node["versions"]["ray"] == images.RAY_VERSION
     assert node["vllm_path"] == "/opt/ray/lib/python3.11/site-packages/vllm"
     assert node["checked"][QWEN35_MOE]["status"] == "missing"
     assert node["checked"][QWEN3_MOE]["status"] == "present"
     assert len(node["architectures"]) == 262
 
-    donor = ok(info(ansible, image=sim.DONOR_IMAGE, architectures=[QWEN35_MOE]))
-    assert donor["versions"]["vllm"] == f"{sim.VLLM_CPU_VERSION}+cpu"
+    donor = ok(info(ansible, image=images.DONOR_IMAGE, architectures=[QWEN35_MOE]))
+    assert donor["versions"]["vllm"] == f"{images.VLLM_CPU_VERSION}+cpu"
     assert donor["versions"]["torch"].endswith("+cpu")
     assert donor["python"]["executable"] == "/opt/vllm/bin/python3"
     assert donor["checked"][QWEN35_MOE] == {
@@ -56,8 +56,8 @@ def test_static_read_tells_the_images_apart(ansible, sim):
     assert f"{QWEN35_MOE}  present" in donor["table"]
 
 
-def test_compare_to_lists_the_architecture_with_its_files(ansible, sim):
-    result = ok(info(ansible, image=sim.DONOR_IMAGE, compare_to=sim.CLUSTER_IMAGE))
+def test_compare_to_lists_the_architecture_with_its_files(ansible, images):
+    result = ok(info(ansible, image=images.DONOR_IMAGE, compare_to=images.CLUSTER_IMAGE))
     comparison = result["comparison"]
     only_donor = comparison["architectures"]["only_in_image"]
     assert only_donor[QWEN35_MOE]["file"] == "vllm/model_executor/models/qwen3_5.py"
@@ -67,12 +67,14 @@ def test_compare_to_lists_the_architecture_with_its_files(ansible, sim):
     assert "vllm/model_executor/models/qwen3_5.py" in files
     assert "vllm/model_executor/models/qwen3_5_mtp.py" in files
     assert "vllm/model_executor/models/qwen3_moe.py" not in files
-    assert comparison["compare_to"]["versions"]["vllm"] == sim.OLD_VLLM_VERSION
+    assert comparison["compare_to"]["versions"]["vllm"] == images.OLD_VLLM_VERSION
 
 
-def test_import_mode_reports_the_real_exception_without_failing(ansible, sim):
+def test_import_mode_reports_the_real_exception_without_failing(ansible, images):
     result = ok(
-        info(ansible, image=sim.DONOR_IMAGE, mode="import", architectures=[QWEN3_MOE, QWEN35_MOE])
+        info(
+            ansible, image=images.DONOR_IMAGE, mode="import", architectures=[QWEN3_MOE, QWEN35_MOE]
+        )
     )
     checked = result["checked"]
     assert checked[QWEN3_MOE]["status"] == "present"
@@ -81,14 +83,14 @@ def test_import_mode_reports_the_real_exception_without_failing(ansible, sim):
     assert checked[QWEN35_MOE]["message"].startswith("ModuleNotFoundError: ")
 
 
-def test_import_mode_on_an_image_without_torch(ansible, sim):
-    result = ok(info(ansible, image=sim.CLUSTER_IMAGE, mode="import", architectures=[QWEN3_MOE]))
+def test_import_mode_on_an_image_without_torch(ansible, images):
+    result = ok(info(ansible, image=images.CLUSTER_IMAGE, mode="import", architectures=[QWEN3_MOE]))
     assert result["registry_import_error"] == "ModuleNotFoundError: No module named 'torch'"
     assert result["checked"][QWEN3_MOE]["status"] == "import_error"
 
 
-def test_check_mode(ansible, sim):
-    result = ok(info(ansible, "--check", image=sim.DONOR_IMAGE, architectures=[QWEN35_MOE]))
+def test_check_mode(ansible, images):
+    result = ok(info(ansible, "--check", image=images.DONOR_IMAGE, architectures=[QWEN35_MOE]))
     assert result["checked"][QWEN35_MOE]["status"] == "present"
 
 
@@ -116,7 +118,7 @@ def test_image_not_on_the_node(ansible):
 
 
 @pytest.fixture
-def no_vllm_image(ansible, sim):
+def no_vllm_image(ansible, images):
     """The cluster image with its vllm package removed, in spark-1's daemon only."""
 
     def sh(command: str) -> dict:
@@ -124,7 +126,7 @@ def no_vllm_image(ansible, sim):
 
     made = sh(
         f"docker rm -f dgxsim-test-novllm >/dev/null 2>&1; "
-        f"docker run --name dgxsim-test-novllm --entrypoint rm {sim.CLUSTER_IMAGE} "
+        f"docker run --name dgxsim-test-novllm --entrypoint rm {images.CLUSTER_IMAGE} "
         "-rf /opt/ray/lib/python3.11/site-packages/vllm "
         f"&& docker commit dgxsim-test-novllm {NO_VLLM_IMAGE} >/dev/null"
     )
@@ -142,8 +144,8 @@ def test_no_vllm_in_the_image(ansible, no_vllm_image):
     assert "name it with the python option" in msg
 
 
-def test_docker_daemon_unreachable(ansible, sim):
-    msg = failed(info(ansible, image=sim.DONOR_IMAGE, docker_host="unix:///run/nowhere.sock"))
+def test_docker_daemon_unreachable(ansible, images):
+    msg = failed(info(ansible, image=images.DONOR_IMAGE, docker_host="unix:///run/nowhere.sock"))
     assert msg.startswith(
         f"cannot reach the Docker daemon at unix:///run/nowhere.sock on node {NODE}"
     )
@@ -162,9 +164,12 @@ def python_without_docker(ansible):
         ansible(NODE, "ansible.builtin.file", f"path={NO_DOCKER_VENV} state=absent")
 
 
-def test_docker_sdk_missing(ansible, sim, python_without_docker):
+def test_docker_sdk_missing(ansible, images, python_without_docker):
     result = info(
-        ansible, "-e", f"ansible_python_interpreter={python_without_docker}", image=sim.DONOR_IMAGE
+        ansible,
+        "-e",
+        f"ansible_python_interpreter={python_without_docker}",
+        image=images.DONOR_IMAGE,
     )
     msg = failed(result)
     assert "Failed to import the required Python library (docker)" in msg

@@ -1,26 +1,12 @@
 """sim/simctl.py: what it refuses on a machine that cannot host the pair (with what to do), and
-when it makes the tiny model again."""
+the nodes it reads from the sim inventory."""
 
 from __future__ import annotations
 
-import importlib.util
-import shutil
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[3]
-
-
-@pytest.fixture()
-def simctl(monkeypatch):
-    spec = importlib.util.spec_from_file_location("simctl_under_test", ROOT / "sim" / "simctl.py")
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, module)
-    spec.loader.exec_module(module)
-    return module
 
 
 def fake_docker(tmp_path: Path, body: str) -> str:
@@ -32,7 +18,7 @@ def fake_docker(tmp_path: Path, body: str) -> str:
 
 
 def test_no_docker_client(simctl, monkeypatch, tmp_path):
-    monkeypatch.setattr(simctl, "DOCKER", str(tmp_path / "missing" / "docker"))
+    monkeypatch.setattr(simctl.sim_common, "DOCKER", str(tmp_path / "missing" / "docker"))
     with pytest.raises(simctl.SimError, match=r"no Docker here.*apt-get install docker\.io"):
         simctl.preflight()
 
@@ -45,7 +31,7 @@ def test_daemon_not_running(simctl, monkeypatch, tmp_path):
         exit 1
         """,
     )
-    monkeypatch.setattr(simctl, "DOCKER", docker)
+    monkeypatch.setattr(simctl.sim_common, "DOCKER", docker)
     with pytest.raises(simctl.SimError, match=r"daemon does not answer.*Cannot connect.*Start it"):
         simctl.preflight()
 
@@ -60,7 +46,7 @@ def test_too_little_disk(simctl, monkeypatch, tmp_path):
         esac
         """,
     )
-    monkeypatch.setattr(simctl, "DOCKER", docker)
+    monkeypatch.setattr(simctl.sim_common, "DOCKER", docker)
     monkeypatch.setenv("DGXSIM_MIN_FREE_GB", "1000000")
     with pytest.raises(simctl.SimError, match=r"too little disk: .* needs 1000000 GB"):
         simctl.preflight()
@@ -76,7 +62,7 @@ def test_enough_disk_passes(simctl, monkeypatch, tmp_path):
         esac
         """,
     )
-    monkeypatch.setattr(simctl, "DOCKER", docker)
+    monkeypatch.setattr(simctl.sim_common, "DOCKER", docker)
     monkeypatch.setenv("DGXSIM_MIN_FREE_GB", "0")
     simctl.preflight()
 
@@ -90,7 +76,7 @@ def test_daemon_refusing_capabilities(simctl, monkeypatch, tmp_path):
         exit 125
         """,
     )
-    monkeypatch.setattr(simctl, "DOCKER", docker)
+    monkeypatch.setattr(simctl.sim_common, "DOCKER", docker)
     with pytest.raises(
         simctl.SimError, match=r"refuses the capabilities.*user namespaces.*rootful"
     ):
@@ -112,37 +98,3 @@ def test_sim_inventory_matches_the_sim_networks(simctl):
     nodes = simctl.read_nodes()
     assert [n.name for n in nodes] == ["spark-1", "spark-2"]
     assert len({n.fast_ip for n in nodes}) == 2
-
-
-@pytest.mark.parametrize(
-    "changed", ["make_tiny_model.py", "chat_template.jinja", "conversations.json"]
-)
-def test_the_tiny_model_is_made_again_when_its_inputs_change(
-    simctl, monkeypatch, tmp_path, changed
-):
-    """Its trainer, template and scripts, and the donor image whose torch trains it."""
-    shutil.copytree(ROOT / "sim" / "models", tmp_path / "models")
-    monkeypatch.setattr(simctl, "SIM", tmp_path)
-    donor = {"inputs": "donor-a"}
-    monkeypatch.setattr(simctl, "image_label", lambda image: donor["inputs"])
-    before = simctl.tiny_model_inputs()
-    assert simctl.tiny_model_inputs() == before
-    donor["inputs"] = "donor-b"
-    assert simctl.tiny_model_inputs() != before
-    donor["inputs"] = "donor-a"
-    with (tmp_path / "models" / changed).open("a", encoding="utf-8") as f:
-        f.write("\n")
-    assert simctl.tiny_model_inputs() != before
-
-
-def test_a_long_step_prints_its_steps_and_a_line_while_it_runs(simctl, capsys, monkeypatch):
-    monkeypatch.setattr(simctl, "HEARTBEAT_S", 1)
-    script = "echo 'Step 1/2 : FROM base'; sleep 2.5; echo noise; echo 'Step 2/2 : RUN x'; exit 4"
-    proc = simctl.run_step(["sh", "-c", script], "img: build", steps=r"^Step \d+/\d+ : ")
-    assert proc.returncode == 4
-    assert proc.stdout == "Step 1/2 : FROM base\nnoise\nStep 2/2 : RUN x\n"
-    said = capsys.readouterr().out.splitlines()
-    assert said[0] == "[sim] img: build: Step 1/2 : FROM base"
-    assert said[-1] == "[sim] img: build: Step 2/2 : RUN x"
-    assert "[sim] img: build: still running, 1 s so far" in said
-    assert not any("noise" in line for line in said)

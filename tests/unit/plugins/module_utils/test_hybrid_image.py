@@ -46,7 +46,7 @@ DONOR_CONFIG = {
     "Labels": {"dgx_spark.sim": "image", "dgx_spark.sim.inputs": "e4eefc8239691daa"},
 }
 
-# `ls` of the Ray 2.60.0 wheelhouse for CPython 3.11 on x86_64 (sim/simctl.py downloads it).
+# `ls` of the Ray 2.60.0 wheelhouse for CPython 3.11 on x86_64 (sim/sim_images.py downloads it).
 RAY_WHEELHOUSE = [
     "attrs-26.1.0-py3-none-any.whl",
     "charset_normalizer-3.5.3-cp311-cp311-manylinux1_x86_64.manylinux_2_28_x86_64"

