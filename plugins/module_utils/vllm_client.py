@@ -123,9 +123,15 @@ class Client:
         self.timeout = timeout
         self.opener = opener or urllib_open
 
-    def request(self, path: str, body: dict | None = None, timeout: float | None = None):
+    def request(
+        self,
+        path: str,
+        body: dict | None = None,
+        timeout: float | None = None,
+        method: str | None = None,
+    ):
         """(status, answer): the answer parsed as JSON, else its text; status 0 and the error's
-        text when nothing answered. A body makes it a POST."""
+        text when nothing answered. Without ``method``, a body makes it a POST, else a GET."""
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         data = None
         if body is not None:
@@ -136,7 +142,7 @@ class Client:
                 self.url + path,
                 data=data,
                 headers=headers,
-                method="POST" if body is not None else "GET",
+                method=method or ("POST" if body is not None else "GET"),
                 timeout=self.timeout if timeout is None else timeout,
             )
             with answer:

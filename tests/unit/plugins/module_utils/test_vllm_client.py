@@ -68,7 +68,7 @@ class StandIn:
                 self.end_headers()
                 self.wfile.write(data)
 
-            do_GET = do_POST = _answer  # noqa: N815
+            do_GET = do_POST = do_PUT = do_DELETE = _answer  # noqa: N815
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
@@ -189,6 +189,15 @@ def test_request_returns_json_parsed_and_text_as_text(vllm, opener):
     status, text = endpoint.request("/metrics")
     assert status == 200 and text.startswith("# HELP")
     assert endpoint.request("/health") == (200, "")
+
+
+def test_any_method_can_be_asked(vllm, opener):
+    status, answer = client(vllm, opener, key="").request("/v1/models", method="DELETE")
+    assert (status, answer) == (401, UNAUTHORIZED)
+    status, _answer = client(vllm, opener).request("/v1/completions", {}, method="PUT")
+    assert status == 200
+    assert [s["method"] for s in vllm.seen] == ["DELETE", "PUT"]
+    assert vllm.seen[1]["body"] == {}
 
 
 def test_nothing_listening_is_status_zero_with_the_error(opener):
