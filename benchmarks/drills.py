@@ -40,6 +40,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import yaml
@@ -65,6 +66,18 @@ def module_util(name: str):
 # The modules' and the watchdog's client of the endpoint; it imports vllm_health by its name.
 module_util("vllm_health")
 vllm_client = module_util("vllm_client")
+
+
+def urllib_open(url: str, data=None, headers=None, method=None, timeout: float = 30.0):
+    """vllm_client's opener outside Ansible: urllib with open_url's arguments."""
+    request = urllib.request.Request(url, data=data, headers=headers or {}, method=method)
+    return urllib.request.urlopen(request, timeout=timeout)  # noqa: S310 (the endpoint's URL)
+
+
+def endpoint(url: str, key: str = "", timeout: float = 30.0):
+    """The collection's client of the endpoint at ``url``, asking with ``key`` (empty: none)."""
+    return vllm_client.Client(url, key, timeout, opener=urllib_open)
+
 
 SERVE = yaml.safe_load((ROOT / "inventories/sim/group_vars/all/serve.yml").read_text())
 FAULTS = ("cold-start", "worker-rank", "head-rank", "rank-freeze", "worker-reboot",
@@ -92,8 +105,8 @@ class Client(threading.Thread):
         self.halt = threading.Event()
 
     def ask(self) -> bool:
-        endpoint = vllm_client.Client(self.url, SERVE["vllm_serve_api_key"], timeout=10)
-        return endpoint.complete(SERVE["vllm_serve_served_model_name"], "spark").ok
+        asked = endpoint(self.url, SERVE["vllm_serve_api_key"], timeout=10)
+        return asked.complete(SERVE["vllm_serve_served_model_name"], "spark").ok
 
     def run(self) -> None:
         while not self.halt.is_set():

@@ -2,11 +2,11 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """The one client of vLLM's OpenAI-compatible endpoint: builds the requests, reads the answers.
 
-Standard library only, so every caller shares it: the modules (which pass Ansible's
-``open_url`` as the opener), the head's watchdog (``roles/vllm_serve/files/
-dgx_spark_watchdog.py``, which runs in the serving image with this file and
-``vllm_health.py`` beside it) and the simulated pair's tests and benchmarks (which load it
-by path).
+Standard library only, so every caller shares it: the modules, the head's watchdog
+(``roles/vllm_serve/files/dgx_spark_watchdog.py``, which runs in the serving image with this
+file and ``vllm_health.py`` beside it) and the simulated pair's tests and benchmarks (which
+load it by path). The caller passes the opener that carries the requests: the modules
+Ansible's ``open_url``, the others urllib's (the same few lines in each).
 
 An HTTP error is an answer (its status and body); no answer at all (refused, timed out,
 unreachable) is status 0 with the error's text as the body.
@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import time
 import urllib.error
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,12 +31,6 @@ except ImportError:
     from vllm_health import completion_ok
 
 DEFAULT_URL = "http://127.0.0.1:8000"
-
-
-def urllib_open(url: str, data=None, headers=None, method=None, timeout: float = 30.0):
-    """The opener outside Ansible, with the arguments of ``ansible.module_utils.urls.open_url``."""
-    request = urllib.request.Request(url, data=data, headers=headers or {}, method=method)
-    return urllib.request.urlopen(request, timeout=timeout)
 
 
 def parse(raw: bytes) -> Any:
@@ -106,9 +99,10 @@ def judge_completion(status: int, answer: Any, latency_ms: float | None = None) 
 class Client:
     """The endpoint at ``url`` (without ``/v1``), asked with ``api_key`` as a bearer token.
 
-    ``opener`` takes ``(url, data=, headers=, method=, timeout=)`` and returns a response
-    with ``status`` and ``read()``, raising ``urllib.error.HTTPError`` for an HTTP error (as
-    urllib's and Ansible's ``open_url`` do); ``timeout`` is each request's, in seconds.
+    ``opener`` takes the arguments of Ansible's ``open_url`` that matter here, ``(url, data=,
+    headers=, method=, timeout=)``, and returns a response with ``status`` and ``read()``,
+    raising ``urllib.error.HTTPError`` for an HTTP error (as ``open_url`` and urllib do);
+    ``timeout`` is each request's, in seconds.
     """
 
     def __init__(
@@ -116,12 +110,13 @@ class Client:
         url: str = DEFAULT_URL,
         api_key: str = "",
         timeout: float = 30.0,
-        opener: Callable | None = None,
+        *,
+        opener: Callable,
     ):
         self.url = url.rstrip("/")
         self.api_key = api_key
         self.timeout = timeout
-        self.opener = opener or urllib_open
+        self.opener = opener
 
     def request(
         self,

@@ -251,7 +251,8 @@ def main() -> None:
             "model": {"type": "str"},
             "completion": {"type": "bool", "default": True},
             "prompt": {"type": "str", "default": "ping"},
-            "max_tokens": {"type": "int", "default": 1},
+            # A count of tokens, not a secret.
+            "max_tokens": {"type": "int", "default": 1, "no_log": False},
             "timeout": {"type": "int", "default": 300},
             "request_timeout": {"type": "int", "default": 60},
             "watch": {"type": "list", "elements": "str", "default": []},

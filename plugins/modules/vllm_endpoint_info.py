@@ -177,7 +177,7 @@ def _completion(endpoint, params: dict, model: str) -> dict:
 def read(params: dict, opener) -> dict:
     """Everything the module returns but ``changed``: each request once, in order."""
     endpoint = vllm_client.Client(
-        params["url"], params["api_key"], params["request_timeout"], opener
+        params["url"], params["api_key"], params["request_timeout"], opener=opener
     )
     status, why = endpoint.health()
     health = {"ok": status == 200, "status": status or None, "error": why or None}
@@ -241,7 +241,8 @@ def main():
             "model": {"type": "str", "default": ""},
             "completion": {"type": "bool", "default": True},
             "prompt": {"type": "str", "default": "Hello"},
-            "max_tokens": {"type": "int", "default": 1},
+            # A count of tokens, not a secret.
+            "max_tokens": {"type": "int", "default": 1, "no_log": False},
             "request_timeout": {"type": "int", "default": 30, "aliases": ["timeout"]},
             "metrics": {"type": "bool", "default": True},
             "metrics_interval": {"type": "float", "default": 1.0},

@@ -194,7 +194,7 @@ def _answers(nodes) -> bool:
     import yaml
 
     serve = yaml.safe_load((INVENTORY / "group_vars/all/serve.yml").read_text())
-    endpoint = drills.vllm_client.Client(
+    endpoint = drills.endpoint(
         f"http://{nodes[0].mgmt_ip}:8000", serve["vllm_serve_api_key"], timeout=30
     )
     return endpoint.complete(serve["vllm_serve_served_model_name"], "spark").ok

@@ -61,7 +61,7 @@ def refused(node, counter: str) -> int:
 def completion(node) -> int:
     """Tokens of one completion asked from the controller with the inventory's key."""
     serve = yaml.safe_load((INVENTORY / "group_vars/all/serve.yml").read_text())
-    endpoint = drills.vllm_client.Client(
+    endpoint = drills.endpoint(
         f"http://{node.mgmt_ip}:{SERVING_PORT}", serve["vllm_serve_api_key"], timeout=60
     )
     answer = endpoint.complete(serve["vllm_serve_served_model_name"], "spark", max_tokens=2)

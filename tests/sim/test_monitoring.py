@@ -45,7 +45,7 @@ def query(head, expr: str) -> list[dict]:
 
 def endpoint(head, key: str = SERVE["vllm_serve_api_key"]):
     """The collection's client of the head's endpoint."""
-    return drills.vllm_client.Client(f"http://{head.mgmt_ip}:8000", key, timeout=120)
+    return drills.endpoint(f"http://{head.mgmt_ip}:8000", key, timeout=120)
 
 
 def complete(head, prompt: str, max_tokens: int = 16) -> int:

@@ -70,7 +70,7 @@ def serving(ansible, deployed_pair):
 
 def _completes(url: str) -> bool:
     """Whether the endpoint answers a one-token completion (the key never leaves the test)."""
-    return drills.vllm_client.Client(url, _secret(), timeout=30).complete("tiny-qwen3-moe", "Hi").ok
+    return drills.endpoint(url, _secret(), timeout=30).complete("tiny-qwen3-moe", "Hi").ok
 
 
 def test_status_reports_a_healthy_pair(serving, tmp_path):

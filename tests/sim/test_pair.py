@@ -118,7 +118,7 @@ def test_donor_serves_the_tiny_model(ansible, hosts, nodes, sim):
     )
     assert start.rc == 0, start.stderr
     try:
-        endpoint = drills.vllm_client.Client(f"http://{node.mgmt_ip}:8090", timeout=10)
+        endpoint = drills.endpoint(f"http://{node.mgmt_ip}:8090", timeout=10)
         deadline = time.monotonic() + 300
         while endpoint.health()[0] != 200:
             running = host.run(f"sudo docker inspect -f '{{{{.State.Running}}}}' {name}")

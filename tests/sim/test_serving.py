@@ -34,7 +34,7 @@ def base_url(nodes) -> str:
 
 def endpoint(nodes, key: str | None = None, timeout: float = 30):
     """The collection's client of the head's endpoint, asking with ``key`` (None: none)."""
-    return drills.vllm_client.Client(base_url(nodes), key or "", timeout=timeout)
+    return drills.endpoint(base_url(nodes), key or "", timeout)
 
 
 def complete(nodes, key: str, timeout: float = 30) -> bool:

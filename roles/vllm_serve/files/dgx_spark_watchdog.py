@@ -34,6 +34,7 @@ import os
 import socket
 import sys
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -173,14 +174,21 @@ def started_at(sock: str, container: str) -> float | None:
     return calendar.timegm(time.strptime(info["State"]["StartedAt"][:19], "%Y-%m-%dT%H:%M:%S"))
 
 
+def urllib_open(url: str, data=None, headers=None, method=None, timeout: float = 30.0):
+    """vllm_client's opener here, where no Ansible is: urllib with open_url's arguments."""
+    request = urllib.request.Request(url, data=data, headers=headers or {}, method=method)
+    return urllib.request.urlopen(request, timeout=timeout)  # noqa: S310 (the endpoint's URL)
+
+
 def probe(url: str, key: str, model: str, timeout: float) -> bool:
     """One token from the model: the ranks compute together."""
-    return vllm_client.Client(url, key, timeout).complete(model, "ping").ok
+    endpoint = vllm_client.Client(url, key, timeout, opener=urllib_open)
+    return endpoint.complete(model, "ping").ok
 
 
 def health(url: str, timeout: float) -> bool:
     """The API server's ``/health`` answers (the engine is up, whether or not the ranks are)."""
-    return vllm_client.Client(url, timeout=timeout).health()[0] == 200
+    return vllm_client.Client(url, timeout=timeout, opener=urllib_open).health()[0] == 200
 
 
 def write_state(path: Path, **state) -> None:

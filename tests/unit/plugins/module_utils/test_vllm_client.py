@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -83,10 +84,16 @@ def vllm():
     stand_in.server.server_close()
 
 
+def urllib_open(url, data=None, headers=None, method=None, timeout=30.0):
+    """The opener of the callers outside Ansible (the watchdog, the drills) as they write it."""
+    request = urllib.request.Request(url, data=data, headers=headers or {}, method=method)
+    return urllib.request.urlopen(request, timeout=timeout)
+
+
 # Every test runs with both openers: urllib outside Ansible, open_url in the modules.
-@pytest.fixture(params=["urllib", "open_url"])
+@pytest.fixture(params=[urllib_open, open_url], ids=["urllib", "open_url"])
 def opener(request):
-    return None if request.param == "urllib" else open_url
+    return request.param
 
 
 def client(vllm, opener, key=KEY, **options):
