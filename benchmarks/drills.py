@@ -34,12 +34,12 @@ was not recovered (then the table says so and the script exits 1).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import subprocess
 import sys
 import threading
 import time
-import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -48,6 +48,36 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "sim"))
 import simctl  # noqa: E402
+
+
+def module_util(name: str):
+    """The collection's ``plugins/module_utils/<name>.py``, loaded by its path (no collection is
+    installed where the drills and the sim's tests run)."""
+    if name in sys.modules:
+        return sys.modules[name]
+    path = ROOT / "plugins" / "module_utils" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+# The modules' and the watchdog's client of the endpoint; it imports vllm_health by its name.
+module_util("vllm_health")
+vllm_client = module_util("vllm_client")
+
+
+def urllib_open(url: str, data=None, headers=None, method=None, timeout: float = 30.0):
+    """vllm_client's opener outside Ansible: urllib with open_url's arguments."""
+    request = urllib.request.Request(url, data=data, headers=headers or {}, method=method)
+    return urllib.request.urlopen(request, timeout=timeout)  # noqa: S310 (the endpoint's URL)
+
+
+def endpoint(url: str, key: str = "", timeout: float = 30.0):
+    """The collection's client of the endpoint at ``url``, asking with ``key`` (empty: none)."""
+    return vllm_client.Client(url, key, timeout, opener=urllib_open)
+
 
 SERVE = yaml.safe_load((ROOT / "inventories/sim/group_vars/all/serve.yml").read_text())
 FAULTS = ("cold-start", "worker-rank", "head-rank", "rank-freeze", "worker-reboot",
@@ -75,16 +105,8 @@ class Client(threading.Thread):
         self.halt = threading.Event()
 
     def ask(self) -> bool:
-        body = json.dumps({"model": SERVE["vllm_serve_served_model_name"], "prompt": "spark",
-                           "max_tokens": 1}).encode()  # fmt: skip
-        req = urllib.request.Request(f"{self.url}/v1/completions", data=body)
-        req.add_header("Content-Type", "application/json")
-        req.add_header("Authorization", f"Bearer {SERVE['vllm_serve_api_key']}")
-        try:
-            with urllib.request.urlopen(req, timeout=10) as answer:
-                return json.loads(answer.read())["usage"]["completion_tokens"] == 1
-        except (urllib.error.URLError, OSError, ValueError, KeyError):
-            return False
+        asked = endpoint(self.url, SERVE["vllm_serve_api_key"], timeout=10)
+        return asked.complete(SERVE["vllm_serve_served_model_name"], "spark").ok
 
     def run(self) -> None:
         while not self.halt.is_set():

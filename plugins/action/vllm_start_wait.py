@@ -32,6 +32,8 @@ ARGUMENT_SPEC = {
     "api_key": {"type": "str", "default": "", "no_log": True},
     "model": {"type": "str"},
     "completion": {"type": "bool", "default": True},
+    "prompt": {"type": "str", "default": "ping"},
+    "max_tokens": {"type": "int", "default": 1},
     "request_timeout": {"type": "int", "default": 60},
     "watch": {"type": "list", "elements": "str", "default": []},
     "stall_timeout": {"type": "int", "default": 900},
@@ -42,6 +44,9 @@ ARGUMENT_SPEC = {
     "leader": {"type": "bool", "default": True},
     "fail_on_unhealthy": {"type": "bool", "default": True},
 }
+# The task's options that each poll passes on to the module unchanged.
+PASSED_ON = ("url", "api_key", "model", "completion", "prompt", "max_tokens", "request_timeout",
+             "watch")  # fmt: skip
 
 
 def _verdict_path(group: str) -> str:
@@ -78,7 +83,7 @@ class ActionModule(ActionBase):
         if validation.error_messages:
             raise AnsibleActionFail("; ".join(validation.error_messages))
         args = validation.validated_parameters
-        for name in ("stall_timeout", "timeout", "poll", "report_every"):
+        for name in ("stall_timeout", "timeout", "poll", "report_every", "max_tokens"):
             if args[name] < 1:
                 raise AnsibleActionFail(f"{name} must be at least 1, got {args[name]}")
         node = (task_vars or {}).get("inventory_hostname", "")
@@ -94,10 +99,7 @@ class ActionModule(ActionBase):
         return result
 
     def _poll(self, args: dict, baseline, since: float, task_vars) -> dict:
-        module_args = {
-            key: args[key]
-            for key in ("url", "api_key", "model", "completion", "request_timeout", "watch")
-        }
+        module_args = {key: args[key] for key in PASSED_ON}
         module_args.update(
             timeout=args["poll"], fail_on_unhealthy=False, baseline=baseline, logs_since=since
         )

@@ -13,16 +13,27 @@ options:
     type: str
     default: http://127.0.0.1:8000
   api_key:
-    description: Bearer key for the completion; empty sends none.
+    description:
+      - The server's API key (C(vllm_serve_api_key)), sent as a bearer token; empty sends none.
     type: str
     default: ""
   model:
     description: Served model name to ask for the completion.
     type: str
   completion:
-    description: Require a one-token completion as well as C(/health).
+    description: Require a completion as well as C(/health).
     type: bool
     default: true
+  prompt:
+    description: Prompt of the completion.
+    type: str
+    default: ping
+  max_tokens:
+    description:
+      - Tokens asked of the completion, greedily. An answer with at least one proves that the
+        ranks compute.
+    type: int
+    default: 1
   request_timeout:
     description: Seconds one completion request may take.
     type: int

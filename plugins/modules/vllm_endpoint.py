@@ -12,7 +12,9 @@ short_description: Wait until a vLLM endpoint serves, or learn why it does not
 version_added: "0.1.0"
 description:
   - Polls the endpoint on the node it runs on until C(/health) answers 200 and, with
-    O(completion), a one-token completion comes back; only then is RV(healthy) true.
+    O(completion), a completion comes back; only then is RV(healthy) true.
+  - It only waits. To ask the endpoint once (a probe of a pair that already serves), use
+    M(dgx_spark.cluster.vllm_endpoint_info).
   - Watches the serving containers of this node (O(watch)) while it waits. When one of them
     exits, restarts or disappears, vLLM refused its settings or crashed, so it stops waiting
     at once and returns vLLM's own reason from the container's log (RV(excerpt)).
@@ -31,10 +33,6 @@ requirements:
 extends_documentation_fragment:
   - dgx_spark.cluster.vllm_endpoint
 options:
-  prompt:
-    description: Prompt of the one-token completion.
-    type: str
-    default: ping
   timeout:
     description: Seconds to wait in all.
     type: int
@@ -76,9 +74,10 @@ EXAMPLES = r"""
     fail_on_unhealthy: false
   register: _serving
 
-- name: Liveness that asks the model, within 30 s
+- name: Wait up to 30 s for a first token of the smoke prompt
   dgx_spark.cluster.vllm_endpoint:
     model: tiny-qwen3-moe
+    prompt: The capital of France is
     timeout: 30
 """
 
@@ -123,13 +122,12 @@ logs:
 """
 
 # Ansible's layout puts the documentation before the imports, hence the noqa: E402.
-import json  # noqa: E402
 import time  # noqa: E402
-import urllib.error  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib  # noqa: E402
 from ansible.module_utils.urls import open_url  # noqa: E402
 from ansible_collections.dgx_spark.cluster.plugins.module_utils import (  # noqa: E402
+    vllm_client,
     vllm_health,
     vllm_start,
 )
@@ -141,24 +139,6 @@ except ImportError:
 
 # At most this many log lines come back from one call (a poll sees a few seconds of them).
 LOG_LINES = 2000
-
-
-def _http(url: str, body: dict | None, headers: dict, timeout: float) -> tuple[int, dict | None]:
-    data = json.dumps(body).encode() if body is not None else None
-    if data is not None:
-        headers = {**headers, "Content-Type": "application/json"}
-    try:
-        answer = open_url(url, data=data, headers=headers, timeout=timeout)
-        raw = answer.read()
-        status = answer.status
-    except urllib.error.HTTPError as exc:
-        return exc.code, None
-    except (urllib.error.URLError, OSError, TimeoutError):
-        return 0, None
-    try:
-        return status, json.loads(raw) if raw else None
-    except ValueError:
-        return status, None
 
 
 def _states(client, names: list[str]) -> dict:
@@ -215,9 +195,11 @@ def _logs_since(client, names: list[str], since: float, states: dict | None = No
     return logs
 
 
-def wait(params: dict, client) -> dict:
-    base = params["url"].rstrip("/")
-    headers = {"Authorization": f"Bearer {params['api_key']}"} if params["api_key"] else {}
+def wait(params: dict, client, opener=open_url) -> dict:
+    """Poll until the endpoint serves, a watched container stops, or the timeout passes.
+
+    ``client`` is Docker's (None: nothing watched); ``opener`` makes the HTTP requests."""
+    endpoint = vllm_client.Client(params["url"], params["api_key"], opener=opener)
     started = time.monotonic()
     deadline = started + params["timeout"]
     before = params.get("baseline") or (_states(client, params["watch"]) if client else {})
@@ -235,24 +217,26 @@ def wait(params: dict, client) -> dict:
                 result["excerpt"] = _log_excerpt(client, params["watch"])
                 return result
         remaining = deadline - time.monotonic()
-        status = _http(f"{base}/health", None, {}, max(1.0, min(5.0, remaining)))[0]
+        status = endpoint.health(max(1.0, min(5.0, remaining)))[0]
         if status == 200 and not params["completion"]:
             result["healthy"] = True
             return result
         if status == 200:
-            body = {"model": params["model"], "prompt": params["prompt"], "max_tokens": 1,
-                    "temperature": 0}  # fmt: skip
             budget = max(1.0, min(float(params["request_timeout"]), deadline - time.monotonic()))
-            status, answer = _http(f"{base}/v1/completions", body, headers, budget)
-            if vllm_health.completion_ok(status, answer):
+            answer = endpoint.complete(
+                params["model"], params["prompt"], params["max_tokens"], budget
+            )
+            if answer.ok:
                 result["healthy"] = True
-                result["text"] = str(answer["choices"][0].get("text", ""))
+                result["text"] = answer.text
                 return result
-            if status in (401, 403, 404):
-                result["reason"] = f"the completion was refused with HTTP {status}"
+            if answer.status in (401, 403, 404):
+                result["reason"] = f"the completion was refused with HTTP {answer.status}"
                 return result
         if time.monotonic() >= deadline:
-            what = "a one-token completion" if params["completion"] else "/health"
+            what = "/health"
+            if params["completion"]:
+                what = "a one-token completion" if params["max_tokens"] == 1 else "a completion"
             result["reason"] = f"no answer to {what} within {params['timeout']} s"
             result["timed_out"] = True
             return result
@@ -267,6 +251,8 @@ def main() -> None:
             "model": {"type": "str"},
             "completion": {"type": "bool", "default": True},
             "prompt": {"type": "str", "default": "ping"},
+            # A count of tokens, not a secret.
+            "max_tokens": {"type": "int", "default": 1, "no_log": False},
             "timeout": {"type": "int", "default": 300},
             "request_timeout": {"type": "int", "default": 60},
             "watch": {"type": "list", "elements": "str", "default": []},
@@ -277,6 +263,8 @@ def main() -> None:
         required_if=[("completion", True, ("model",))],
         supports_check_mode=True,
     )
+    if module.params["max_tokens"] < 1:
+        module.fail_json(msg=f"max_tokens must be at least 1, got {module.params['max_tokens']}")
     client = None
     if module.params["watch"]:
         if docker is None:

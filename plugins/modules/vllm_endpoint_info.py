@@ -8,12 +8,15 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 ---
 module: vllm_endpoint_info
-short_description: Ask a vLLM OpenAI endpoint whether it serves, how fast, and how loaded
+short_description: Ask a vLLM OpenAI endpoint once whether it serves, how fast, and how loaded
 version_added: "0.1.0"
 description:
-  - In one task, asks a vLLM server for C(/health), C(/v1/models), a one-token completion
-    (timed) and C(/metrics), the latter twice around the completion so that token
-    throughputs (which vLLM exports only as counters) become rates.
+  - In one task, asks a vLLM server for C(/health), C(/v1/models), a completion (timed) and
+    C(/metrics), the latter twice around the completion so that token throughputs (which vLLM
+    exports only as counters) become rates.
+  - Asks once and never waits; RV(healthy) and RV(reason) make it the probe of a pair that
+    should already serve. To wait until an endpoint serves, use
+    M(dgx_spark.cluster.vllm_endpoint).
   - Never fails because the endpoint is down or answers badly; it reports what it saw, so a
     status report can list the problem. It fails only on bad arguments.
   - Sends only one tiny completion and reads; changes nothing, so RV(ignore:changed) is false.
@@ -22,31 +25,35 @@ author:
 attributes:
   check_mode:
     support: full
-    description: Only reads (and asks for one token), so it runs the same in check mode.
+    description: Only reads (and asks for one completion), so it runs the same in check mode.
   diff_mode:
     support: none
     description: Nothing is changed, so there is no diff.
+extends_documentation_fragment:
+  - dgx_spark.cluster.vllm_endpoint
 options:
-  url:
-    description: Base URL of the server, without C(/v1).
-    type: str
-    default: http://127.0.0.1:8000
-  api_key:
-    description:
-      - The server's API key (C(vllm_serve_api_key)); sent as a bearer token to C(/v1) routes.
-    type: str
-    default: ""
   model:
     description:
       - Served model name to ask for the completion; empty takes the first model of C(/v1/models).
     type: str
     default: ""
+  completion:
+    description:
+      - Ask for the timed completion. Off, only health, models and metrics are read, and
+        RV(healthy) follows C(/health) alone.
+    type: bool
+    default: true
   prompt:
-    description: Prompt of the one-token completion.
+    description: Prompt of the completion.
     type: str
     default: Hello
-  completion:
-    description: Ask for the timed completion. Off, only health, models and metrics are read.
+  request_timeout:
+    description: Seconds each request (health, models, the completion, each scrape) may take.
+    type: int
+    default: 30
+    aliases: [timeout]
+  metrics:
+    description: Read C(/metrics). Off, RV(metrics) is empty (a probe needs none).
     type: bool
     default: true
   metrics_interval:
@@ -55,10 +62,8 @@ options:
       - 0 scrapes once and reports no throughput.
     type: float
     default: 1.0
-  timeout:
-    description: Seconds each request may take.
-    type: int
-    default: 30
+seealso:
+  - module: dgx_spark.cluster.vllm_endpoint
 """
 
 EXAMPLES = r"""
@@ -68,10 +73,32 @@ EXAMPLES = r"""
     api_key: "{{ vllm_serve_api_key }}"
     model: "{{ vllm_serve_served_model_name }}"
   register: endpoint
-  no_log: true
+
+- name: Ask the running pair for one token, once
+  dgx_spark.cluster.vllm_endpoint_info:
+    api_key: "{{ vllm_serve_api_key }}"
+    model: "{{ vllm_serve_served_model_name }}"
+    request_timeout: 30
+    metrics: false
+  register: probe
+
+- name: Restart when it does not serve
+  ansible.builtin.debug:
+    msg: "the pair does not serve: {{ probe.reason }}"
+  when: not probe.healthy
 """
 
 RETURN = r"""
+healthy:
+  description:
+    - C(/health) answered 200 and, with O(completion), the completion brought back a token.
+  returned: always
+  type: bool
+reason:
+  description: Why RV(healthy) is false; empty when it is true.
+  returned: always
+  type: str
+  sample: "the completion failed: no answer (timed out)"
 health:
   description: C(/health) answer.
   returned: always
@@ -86,15 +113,18 @@ models:
 model:
   description:
     - The asked (or first) model of C(/v1/models) with its C(root) (the model path) and
-      C(max_model_len).
+      C(max_model_len); C(error) alone when C(/v1/models) did not answer.
   returned: always
   type: dict
   sample: {id: tiny-qwen3-moe, root: /var/lib/dgx-spark/models/tiny-qwen3-moe, max_model_len: 512}
 completion:
-  description: The one-token completion; C(latency_ms) from request to full answer.
+  description:
+    - The completion; C(latency_ms) from request to full answer, C(text) what came back.
+    - C(error) says why it failed; V(not asked) without O(completion) or while C(/health) fails.
   returned: always
   type: dict
-  sample: {ok: true, latency_ms: 61.2, prompt_tokens: 2, completion_tokens: 1, error: null}
+  sample: {ok: true, status: 200, text: " Paris", latency_ms: 61.2, prompt_tokens: 2,
+           completion_tokens: 1, error: null}
 metrics:
   description:
     - Running and waiting requests, KV-cache usage (C(kv_cache_usage) 0..1 and
@@ -104,124 +134,72 @@ metrics:
     - Requests since start by how they ended, C(requests_finished) (stop, length),
       C(requests_aborted) and C(requests_errored), and vLLM's own split by C(finished_reason)
       in C(requests_by_reason).
-    - Empty with C(error) set when C(/metrics) could not be read.
+    - Empty with C(error) set when C(/metrics) could not be read; empty without O(metrics).
   returned: always
   type: dict
 """
 
 # Ansible's layout puts the documentation before the imports, hence the noqa: E402.
-import contextlib  # noqa: E402
-import json  # noqa: E402
+import functools  # noqa: E402
 import time  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 from ansible.module_utils.urls import open_url  # noqa: E402
 from ansible_collections.dgx_spark.cluster.plugins.module_utils import (  # noqa: E402
+    vllm_client,
     vllm_metrics,
 )
 
 
-def _request(url, timeout, headers=None, body=None):
-    """(status, text, error): HTTP errors and refused connections are answers, not failures."""
-    data = None if body is None else json.dumps(body).encode()
-    all_headers = dict(headers or {})
-    if body is not None:
-        all_headers["Content-Type"] = "application/json"
-    try:
-        response = open_url(
-            url,
-            data=data,
-            headers=all_headers,
-            method="POST" if body is not None else "GET",
-            timeout=timeout,
-            validate_certs=False,
-        )
-        return response.getcode(), response.read().decode("utf-8", "replace"), None
-    except Exception as exc:  # HTTPError, URLError, timeouts: all mean "not serving well"
-        status = getattr(exc, "code", None)
-        detail = str(exc)
-        if hasattr(exc, "read"):
-            # The body is only a detail of the message.
-            with contextlib.suppress(Exception):
-                detail = f"{detail}: {exc.read().decode('utf-8', 'replace')[:200]}"
-        return status, "", detail
-
-
-def _scrape(base, timeout, model, headers):
-    status, text, error = _request(f"{base}/metrics", timeout, headers=headers)
-    if error or status != 200:
-        return None, error or f"HTTP {status}"
+def _scrape(endpoint, model):
+    text, error = endpoint.metrics()
+    if text is None:
+        return None, error
     try:
         return vllm_metrics.summarize(text, model or None), None
     except vllm_metrics.MetricsError as exc:
         return None, str(exc)
 
 
-def main():
-    module = AnsibleModule(
-        argument_spec={
-            "url": {"type": "str", "default": "http://127.0.0.1:8000"},
-            "api_key": {"type": "str", "default": "", "no_log": True},
-            "model": {"type": "str", "default": ""},
-            "prompt": {"type": "str", "default": "Hello"},
-            "completion": {"type": "bool", "default": True},
-            "metrics_interval": {"type": "float", "default": 1.0},
-            "timeout": {"type": "int", "default": 30},
-        },
-        supports_check_mode=True,
-    )
-    params = module.params
-    base = params["url"].rstrip("/")
-    timeout = params["timeout"]
-    auth = {"Authorization": f"Bearer {params['api_key']}"} if params["api_key"] else {}
+def _completion(endpoint, params: dict, model: str) -> dict:
+    answer = endpoint.complete(model, params["prompt"], params["max_tokens"])
+    return {
+        "ok": answer.ok,
+        "status": answer.status or None,
+        "text": answer.text,
+        "latency_ms": answer.latency_ms,
+        "prompt_tokens": answer.usage.get("prompt_tokens"),
+        "completion_tokens": answer.usage.get("completion_tokens"),
+        "error": answer.reason or None,
+    }
 
-    status, _body, error = _request(f"{base}/health", timeout)
-    health = {"ok": status == 200 and not error, "status": status, "error": error}
+
+def read(params: dict, opener) -> dict:
+    """Everything the module returns but ``changed``: each request once, in order."""
+    endpoint = vllm_client.Client(
+        params["url"], params["api_key"], params["request_timeout"], opener=opener
+    )
+    status, why = endpoint.health()
+    health = {"ok": status == 200, "status": status or None, "error": why or None}
 
     models, model = [], {}
     if health["ok"]:
-        status, text, error = _request(f"{base}/v1/models", timeout, headers=auth)
-        if status == 200:
-            try:
-                data = json.loads(text).get("data") or []
-            except ValueError:
-                data = []
-            models = [m.get("id") for m in data]
-            wanted = params["model"] or (models[0] if models else "")
-            for entry in data:
-                if entry.get("id") == wanted:
-                    model = {k: entry.get(k) for k in ("id", "root", "max_model_len")}
-        else:
-            model = {"error": error or f"HTTP {status}"}
+        entries, error = endpoint.models()
+        models = [entry.get("id") for entry in entries]
+        wanted = params["model"] or (models[0] if models else "")
+        for entry in entries:
+            if entry.get("id") == wanted:
+                model = {k: entry.get(k) for k in ("id", "root", "max_model_len")}
+        if error:
+            model = {"error": error}
 
-    before_at = time.monotonic()
-    before, metrics_error = _scrape(base, timeout, params["model"], auth)
+    before, metrics_error, before_at = None, None, time.monotonic()
+    if params["metrics"]:
+        before, metrics_error = _scrape(endpoint, params["model"])
 
     completion = {"ok": False, "latency_ms": None, "error": "not asked"}
     if params["completion"] and health["ok"]:
-        body = {
-            "model": params["model"] or model.get("id") or "",
-            "prompt": params["prompt"],
-            "max_tokens": 1,
-            "temperature": 0,
-        }
-        started = time.monotonic()
-        status, text, error = _request(f"{base}/v1/completions", timeout, headers=auth, body=body)
-        latency = (time.monotonic() - started) * 1000
-        usage = {}
-        if status == 200:
-            try:
-                usage = json.loads(text).get("usage") or {}
-            except ValueError:
-                error = "the completion's answer is not JSON"
-        completion = {
-            "ok": status == 200 and not error and usage.get("completion_tokens", 0) >= 1,
-            "status": status,
-            "latency_ms": round(latency, 1),
-            "prompt_tokens": usage.get("prompt_tokens"),
-            "completion_tokens": usage.get("completion_tokens"),
-            "error": error or (None if status == 200 else f"HTTP {status}"),
-        }
+        completion = _completion(endpoint, params, params["model"] or model.get("id") or "")
 
     metrics = {}
     if before is not None:
@@ -231,7 +209,7 @@ def main():
             if remaining > 0:
                 time.sleep(remaining)
             after_at = time.monotonic()
-            after, metrics_error = _scrape(base, timeout, params["model"], auth)
+            after, metrics_error = _scrape(endpoint, params["model"])
             if after is not None:
                 probe = completion if completion.get("ok") else None
                 metrics = dict(after)
@@ -239,14 +217,41 @@ def main():
     if metrics_error:
         metrics["error"] = metrics_error
 
-    module.exit_json(
-        changed=False,
-        health=health,
-        models=models,
-        model=model,
-        completion=completion,
-        metrics=metrics,
+    reason = ""
+    if not health["ok"]:
+        reason = f"/health: {health['error']}"
+    elif params["completion"] and not completion["ok"]:
+        reason = f"the completion failed: {completion['error']}"
+    return {
+        "healthy": not reason,
+        "reason": reason,
+        "health": health,
+        "models": models,
+        "model": model,
+        "completion": completion,
+        "metrics": metrics,
+    }
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec={
+            "url": {"type": "str", "default": "http://127.0.0.1:8000"},
+            "api_key": {"type": "str", "default": "", "no_log": True},
+            "model": {"type": "str", "default": ""},
+            "completion": {"type": "bool", "default": True},
+            "prompt": {"type": "str", "default": "Hello"},
+            # A count of tokens, not a secret.
+            "max_tokens": {"type": "int", "default": 1, "no_log": False},
+            "request_timeout": {"type": "int", "default": 30, "aliases": ["timeout"]},
+            "metrics": {"type": "bool", "default": True},
+            "metrics_interval": {"type": "float", "default": 1.0},
+        },
+        supports_check_mode=True,
     )
+    # http on loopback by default; a https URL may carry the node's own certificate.
+    opener = functools.partial(open_url, validate_certs=False)
+    module.exit_json(changed=False, **read(module.params, opener))
 
 
 if __name__ == "__main__":

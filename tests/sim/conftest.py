@@ -209,23 +209,13 @@ def playbook():
 
 def _answers(nodes) -> bool:
     """One token from the endpoint with the inventory's key."""
-    import urllib.error
-    import urllib.request
-
     import yaml
 
     serve = yaml.safe_load((INVENTORY / "group_vars/all/serve.yml").read_text())
-    body = json.dumps(
-        {"model": serve["vllm_serve_served_model_name"], "prompt": "spark", "max_tokens": 1}
-    ).encode()
-    req = urllib.request.Request(f"http://{nodes[0].mgmt_ip}:8000/v1/completions", data=body)
-    req.add_header("Content-Type", "application/json")
-    req.add_header("Authorization", f"Bearer {serve['vllm_serve_api_key']}")
-    try:
-        with urllib.request.urlopen(req, timeout=30) as answer:
-            return json.loads(answer.read())["usage"]["completion_tokens"] == 1
-    except (urllib.error.URLError, OSError, ValueError, KeyError):
-        return False
+    endpoint = drills.endpoint(
+        f"http://{nodes[0].mgmt_ip}:8000", serve["vllm_serve_api_key"], timeout=30
+    )
+    return endpoint.complete(serve["vllm_serve_served_model_name"], "spark").ok
 
 
 @pytest.fixture(scope="module")

@@ -12,8 +12,6 @@ import ipaddress
 import json
 import re
 import subprocess
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -63,17 +61,13 @@ def refused(node, counter: str) -> int:
 def completion(node) -> int:
     """Tokens of one completion asked from the controller with the inventory's key."""
     serve = yaml.safe_load((INVENTORY / "group_vars/all/serve.yml").read_text())
-    body = {"model": serve["vllm_serve_served_model_name"], "prompt": "spark", "max_tokens": 2}
-    req = urllib.request.Request(
-        f"http://{node.mgmt_ip}:{SERVING_PORT}/v1/completions", data=json.dumps(body).encode()
+    endpoint = drills.endpoint(
+        f"http://{node.mgmt_ip}:{SERVING_PORT}", serve["vllm_serve_api_key"], timeout=60
     )
-    req.add_header("Content-Type", "application/json")
-    req.add_header("Authorization", f"Bearer {serve['vllm_serve_api_key']}")
-    try:
-        with urllib.request.urlopen(req, timeout=60) as answer:
-            return json.loads(answer.read())["usage"]["completion_tokens"]
-    except (urllib.error.URLError, OSError, ValueError, KeyError) as exc:
-        pytest.fail(f"no completion from {node.mgmt_ip}:{SERVING_PORT}: {exc!r}")
+    answer = endpoint.complete(serve["vllm_serve_served_model_name"], "spark", max_tokens=2)
+    if not answer.ok:
+        pytest.fail(f"no completion from {node.mgmt_ip}:{SERVING_PORT}: {answer.reason}")
+    return answer.usage["completion_tokens"]
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import _answers, _load, on_node, run_playbook
+from conftest import _answers, _load, drills, on_node, run_playbook
 
 ROOT = Path(__file__).resolve().parents[2]
 monitoring = _load("dgx_spark_monitoring_sim", ROOT / "plugins" / "module_utils" / "monitoring.py")
@@ -43,14 +43,15 @@ def query(head, expr: str) -> list[dict]:
     return prom(head, "/api/v1/query", query=expr)["result"]
 
 
+def endpoint(head, key: str = SERVE["vllm_serve_api_key"]):
+    """The collection's client of the head's endpoint."""
+    return drills.endpoint(f"http://{head.mgmt_ip}:8000", key, timeout=120)
+
+
 def complete(head, prompt: str, max_tokens: int = 16) -> int:
-    body = json.dumps({"model": SERVE["vllm_serve_served_model_name"], "prompt": prompt,
-                       "max_tokens": max_tokens}).encode()  # fmt: skip
-    req = urllib.request.Request(f"http://{head.mgmt_ip}:8000/v1/completions", data=body)
-    req.add_header("Content-Type", "application/json")
-    req.add_header("Authorization", f"Bearer {SERVE['vllm_serve_api_key']}")
-    with urllib.request.urlopen(req, timeout=120) as answer:  # noqa: S310
-        return json.loads(answer.read())["usage"]["completion_tokens"]
+    answer = endpoint(head).complete(SERVE["vllm_serve_served_model_name"], prompt, max_tokens)
+    assert answer.ok, answer.reason
+    return answer.usage["completion_tokens"]
 
 
 def wait_for(what: str, check, timeout: float, step: float = 2.0):
@@ -143,11 +144,7 @@ def test_the_key_stays_root_only_and_out_of_the_configuration(monitored):
     config = on_node(head, "cat", "/etc/dgx-spark/monitoring/prometheus.yml").stdout
     assert "credentials_file" in config and SERVE["vllm_serve_api_key"] not in config
     # /metrics still refuses a request without the key.
-    try:
-        urllib.request.urlopen(f"http://{head.mgmt_ip}:8000/metrics", timeout=10)  # noqa: S310
-        pytest.fail("/metrics answered without the key")
-    except urllib.error.HTTPError as exc:
-        assert exc.code == 401
+    assert endpoint(head, key="").request("/metrics", timeout=10)[0] == 401
 
 
 def test_the_node_exporter_answers_the_head_only(monitored):

@@ -11,12 +11,11 @@ import json
 import os
 import tarfile
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 import yaml
-from conftest import PlaybookRun, run_playbook
+from conftest import PlaybookRun, drills, run_playbook
 
 ROOT = Path(__file__).resolve().parents[2]
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -65,16 +64,7 @@ def serving(ansible, deployed_pair):
 
 def _completes(url: str) -> bool:
     """Whether the endpoint answers a one-token completion (the key never leaves the test)."""
-    request = urllib.request.Request(
-        f"{url}/v1/completions",
-        data=json.dumps({"model": "tiny-qwen3-moe", "prompt": "Hi", "max_tokens": 1}).encode(),
-        headers={"Content-Type": "application/json", "Authorization": f"Bearer {_secret()}"},
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=30) as answer:
-            return answer.status == 200
-    except OSError:
-        return False
+    return drills.endpoint(url, _secret(), timeout=30).complete("tiny-qwen3-moe", "Hi").ok
 
 
 def test_status_reports_a_healthy_pair(serving, tmp_path):

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 import time
-import urllib.request
 
 import pytest
+from conftest import drills
 
 
 def test_both_nodes_answer_ansible_over_ssh(ansible, nodes):
@@ -101,13 +101,6 @@ def test_cluster_image_has_ray_and_old_vllm_registry(hosts, images):
     assert out.split() == [images.RAY_VERSION, images.OLD_VLLM_VERSION]
 
 
-def _http(url: str, body: dict | None = None, timeout: float = 10) -> dict:
-    data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=timeout) as resp:
-        return json.loads(resp.read() or b"{}")
-
-
 def test_donor_serves_the_tiny_model(ansible, hosts, nodes, images):
     node = nodes[0]
     host = hosts[node.name]
@@ -127,27 +120,19 @@ def test_donor_serves_the_tiny_model(ansible, hosts, nodes, images):
     )
     assert start.rc == 0, start.stderr
     try:
-        base = f"http://{node.mgmt_ip}:8090"
+        endpoint = drills.endpoint(f"http://{node.mgmt_ip}:8090", timeout=10)
         deadline = time.monotonic() + 300
-        while True:
-            try:
-                _http(f"{base}/health")
-                break
-            except OSError:
-                running = host.run(f"sudo docker inspect -f '{{{{.State.Running}}}}' {name}")
-                if running.stdout.strip() != "true" or time.monotonic() > deadline:
-                    logs = host.run(f"sudo docker logs --tail 40 {name}")
-                    pytest.fail(f"vllm-donor did not become healthy:\n{logs.stdout}{logs.stderr}")
-                time.sleep(3)
-        models = _http(f"{base}/v1/models")
-        assert [m["id"] for m in models["data"]] == ["tiny"]
+        while endpoint.health()[0] != 200:
+            running = host.run(f"sudo docker inspect -f '{{{{.State.Running}}}}' {name}")
+            if running.stdout.strip() != "true" or time.monotonic() > deadline:
+                logs = host.run(f"sudo docker logs --tail 40 {name}")
+                pytest.fail(f"vllm-donor did not become healthy:\n{logs.stdout}{logs.stderr}")
+            time.sleep(3)
+        models, error = endpoint.models()
+        assert [m["id"] for m in models] == ["tiny"], error
         known = json.loads((images.SIM / "models" / "conversations.json").read_text())
         prompt = known["completions"][0]
-        completion = _http(
-            f"{base}/v1/completions",
-            {"model": "tiny", "prompt": prompt["prompt"], "max_tokens": 16, "temperature": 0},
-            timeout=120,
-        )
-        assert completion["choices"][0]["text"] == prompt["text"], completion
+        completion = endpoint.complete("tiny", prompt["prompt"], max_tokens=16, timeout=120)
+        assert completion.text == prompt["text"], completion
     finally:
         host.run(f"sudo docker rm -f {name}")

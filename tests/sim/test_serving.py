@@ -15,8 +15,6 @@ import re
 import shlex
 import threading
 import time
-import urllib.error
-import urllib.request
 
 import pytest
 import yaml
@@ -34,27 +32,13 @@ def base_url(nodes) -> str:
     return f"http://{nodes[0].mgmt_ip}:8000"
 
 
-def request(url: str, key: str | None = None, body: dict | None = None, method: str | None = None,
-            timeout: float = 30) -> tuple[int, bytes]:  # fmt: skip
-    data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url, data=data, method=method)
-    if data is not None:
-        req.add_header("Content-Type", "application/json")
-    if key:
-        req.add_header("Authorization", f"Bearer {key}")
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as answer:
-            return answer.status, answer.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read()
-    except (urllib.error.URLError, OSError):
-        return 0, b""
+def endpoint(nodes, key: str | None = None, timeout: float = 30):
+    """The collection's client of the head's endpoint, asking with ``key`` (None: none)."""
+    return drills.endpoint(base_url(nodes), key or "", timeout)
 
 
 def complete(nodes, key: str, timeout: float = 30) -> bool:
-    body = {"model": MODEL, "prompt": "spark", "max_tokens": 1}
-    status, raw = request(f"{base_url(nodes)}/v1/completions", key, body, timeout=timeout)
-    return status == 200 and json.loads(raw)["usage"]["completion_tokens"] == 1
+    return endpoint(nodes, key, timeout).complete(MODEL, "spark").ok
 
 
 class Client(threading.Thread):
@@ -134,8 +118,8 @@ def test_every_route_but_health_needs_the_key(deployed, hosts, nodes):
     table = []
     for path, method in routes(hosts["spark-1"]):
         body = {} if method == "POST" else None
-        without, _ = request(base_url(nodes) + path, None, body, method)
-        with_key, _ = request(base_url(nodes) + path, KEY, body, method)
+        without, _ = endpoint(nodes).request(path, body, method=method)
+        with_key, _ = endpoint(nodes, KEY).request(path, body, method=method)
         table.append((path, method, without, with_key))
     print("\nroute, method, status without the key, status with it")
     for row in table:

@@ -18,8 +18,10 @@ it progresses. After ``max_restarts`` restarts within
 (``state: gave-up``, with the reason), which ``playbooks/status.yml`` shows, instead of
 looping silently.
 
-Standard library only; the Docker Engine API is reached over the mounted socket. The key is
-read from the serving configuration's auth.json (mounted read-only), never from arguments.
+Standard library only; the Docker Engine API is reached over the mounted socket, the endpoint
+through the collection's one client of it (``vllm_client.py``, installed beside this script
+with ``vllm_health.py``, which judges its answers). The key is read from the serving
+configuration's auth.json (mounted read-only), never from arguments.
 """
 
 from __future__ import annotations
@@ -32,13 +34,14 @@ import os
 import socket
 import sys
 import time
-import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-# vllm_start.py (the collection's module_utils) is installed beside this script.
+# vllm_start.py and vllm_client.py (the collection's module_utils) are installed beside this
+# script, each with the module_utils it imports (watchdog.yml).
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import vllm_client  # noqa: E402
 import vllm_start  # noqa: E402
 
 
@@ -171,25 +174,21 @@ def started_at(sock: str, container: str) -> float | None:
     return calendar.timegm(time.strptime(info["State"]["StartedAt"][:19], "%Y-%m-%dT%H:%M:%S"))
 
 
+def urllib_open(url: str, data=None, headers=None, method=None, timeout: float = 30.0):
+    """vllm_client's opener here, where no Ansible is: urllib with open_url's arguments."""
+    request = urllib.request.Request(url, data=data, headers=headers or {}, method=method)
+    return urllib.request.urlopen(request, timeout=timeout)  # noqa: S310 (the endpoint's URL)
+
+
 def probe(url: str, key: str, model: str, timeout: float) -> bool:
-    body = json.dumps({"model": model, "prompt": "ping", "max_tokens": 1}).encode()
-    request = urllib.request.Request(f"{url}/v1/completions", data=body)
-    request.add_header("Content-Type", "application/json")
-    if key:
-        request.add_header("Authorization", f"Bearer {key}")
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as answer:  # noqa: S310
-            return int(json.loads(answer.read())["usage"]["completion_tokens"]) >= 1
-    except (urllib.error.URLError, OSError, ValueError, KeyError):
-        return False
+    """One token from the model: the ranks compute together."""
+    endpoint = vllm_client.Client(url, key, timeout, opener=urllib_open)
+    return endpoint.complete(model, "ping").ok
 
 
 def health(url: str, timeout: float) -> bool:
-    try:
-        with urllib.request.urlopen(f"{url}/health", timeout=timeout) as answer:  # noqa: S310
-            return answer.status == 200
-    except (urllib.error.URLError, OSError, ValueError):
-        return False
+    """The API server's ``/health`` answers (the engine is up, whether or not the ranks are)."""
+    return vllm_client.Client(url, timeout=timeout, opener=urllib_open).health()[0] == 200
 
 
 def write_state(path: Path, **state) -> None:

@@ -174,19 +174,83 @@ def _installed_beside_the_script() -> list[Path]:
     return files
 
 
-def test_the_script_starts_from_what_the_role_installs(tmp_path):
-    """The node runs the script with the image's bare Python from a directory that holds only
-    what watchdog.yml installs: no collection on the path (-S leaves site-packages out)."""
+def _run_installed(tmp_path, args: list[str], leave_out: str = "", code: str = ""):
+    """The script (or ``code`` beside it) run by a bare Python from a directory that holds only
+    what watchdog.yml installs, less ``leave_out``: no collection on the path (-S leaves
+    site-packages out)."""
     import shutil
     import subprocess
 
     installed = _installed_beside_the_script()
     assert SOURCE.resolve() in installed and len(installed) >= 2, installed
     for path in installed:
-        shutil.copy(path, tmp_path / path.name)
-    got = subprocess.run(
-        [sys.executable, "-I", "-S", str(tmp_path / SOURCE.name), "--help"],
-        capture_output=True, text=True, check=False, cwd=tmp_path,
+        if path.name != leave_out:
+            shutil.copy(path, tmp_path / path.name)
+    command = ["-c", code] if code else [str(tmp_path / SOURCE.name)]
+    return subprocess.run(
+        [sys.executable, "-I", "-S", *command, *args],
+        capture_output=True, text=True, check=False, cwd=tmp_path, timeout=60,
     )  # fmt: skip
+
+
+def test_the_script_starts_from_what_the_role_installs(tmp_path):
+    """The node runs the script with the image's bare Python from what watchdog.yml installs."""
+    got = _run_installed(tmp_path, ["--help"])
     assert got.returncode == 0, got.stderr
     assert "--max-restarts" in got.stdout
+
+
+@pytest.mark.parametrize(
+    "left_out", ["vllm_start.py", "setting_ranges.py", "vllm_client.py", "vllm_health.py"]
+)
+def test_without_any_installed_module_the_script_does_not_start(tmp_path, left_out):
+    """Each file watchdog.yml installs is needed: the test above fails when one is left out."""
+    assert left_out in {path.name for path in _installed_beside_the_script()}
+    got = _run_installed(tmp_path, ["--help"], leave_out=left_out)
+    assert got.returncode != 0
+    assert f"No module named '{left_out.removesuffix('.py')}'" in got.stderr, got.stderr
+
+
+def test_the_installed_script_asks_the_endpoint_with_the_key(tmp_path):
+    """probe() and health() through the installed client, against a stand-in on loopback."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    seen = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def _answer(self):
+            raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            seen.append((self.path, self.headers.get("Authorization"), raw and json.loads(raw)))
+            tokens = 1 if self.headers.get("Authorization") == "Bearer k" else 0
+            body = json.dumps({"choices": [{"text": " x"}], "usage": {"completion_tokens": tokens}})
+            self.send_response(200 if self.path != "/v1/completions" or tokens else 401)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body.encode())
+
+        do_GET = do_POST = _answer  # noqa: N815
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    code = (
+        "import sys; sys.path.insert(0, '.'); import dgx_spark_watchdog as w; "
+        "print(w.probe(sys.argv[1], 'k', 'm', 5), w.probe(sys.argv[1], 'bad', 'm', 5), "
+        "w.health(sys.argv[1], 5), w.health('http://127.0.0.1:9', 5))"
+    )
+    try:
+        got = _run_installed(tmp_path, [url], code=code)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert got.returncode == 0, got.stderr
+    assert got.stdout.split() == ["True", "False", "True", "False"]
+    body = {"model": "m", "prompt": "ping", "max_tokens": 1, "temperature": 0}
+    assert seen == [("/v1/completions", "Bearer k", body), ("/v1/completions", "Bearer bad", body),
+                    ("/health", None, b"")]  # fmt: skip

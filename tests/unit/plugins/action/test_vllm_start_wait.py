@@ -157,3 +157,40 @@ def test_a_verdict_from_an_earlier_start_is_ignored(tmp_path, monkeypatch):
     assert vllm_start_wait.read_verdict("g", 1000.0) is None
     assert vllm_start_wait.read_verdict("g", 200.0) == {"started": 100.0, "healthy": True,
                                                         "reason": ""}  # fmt: skip
+
+
+def test_each_poll_asks_the_node_with_the_tasks_completion(monkeypatch):
+    """The completion the wait asks for (the smoke prompt, its tokens) reaches every poll."""
+    calls = []
+    action = vllm_start_wait.ActionModule.__new__(vllm_start_wait.ActionModule)
+
+    def execute(module_name, module_args, task_vars):
+        calls.append((module_name, module_args))
+        return {"healthy": True}
+
+    action._execute_module = execute
+    args = _args(prompt="The capital of France is", max_tokens=8, api_key="k", poll=7)
+    action._poll(args, {"vllm": {"running": True}}, 12.0, {})
+    assert calls == [("dgx_spark.cluster.vllm_endpoint", {
+        "url": "http://127.0.0.1:8000", "api_key": "k", "model": "m", "completion": True,
+        "prompt": "The capital of France is", "max_tokens": 8, "request_timeout": 60,
+        "watch": ["vllm"], "timeout": 7, "fail_on_unhealthy": False,
+        "baseline": {"vllm": {"running": True}}, "logs_since": 12.0})]  # fmt: skip
+
+
+def test_the_action_takes_the_options_its_documentation_names():
+    """ansible-test checks a module's argument spec against its documentation; nothing checks
+    the action's, so this does: the shared options (plugins/doc_fragments/vllm_endpoint.py)
+    and its own (plugins/modules/vllm_start_wait.py), with their types and defaults."""
+    import yaml
+    from ansible_collections.dgx_spark.cluster.plugins.doc_fragments import vllm_endpoint
+    from ansible_collections.dgx_spark.cluster.plugins.modules import vllm_start_wait as docs
+
+    options = {
+        **yaml.safe_load(vllm_endpoint.ModuleDocFragment.DOCUMENTATION)["options"],
+        **yaml.safe_load(docs.DOCUMENTATION)["options"],
+    }
+    assert set(options) == set(vllm_start_wait.ARGUMENT_SPEC)
+    for name, spec in vllm_start_wait.ARGUMENT_SPEC.items():
+        assert spec["type"] == options[name]["type"], name
+        assert spec.get("default") == options[name].get("default"), name

@@ -19,6 +19,7 @@ class Endpoint:
         self.completion = 200
         self.tokens = 1
         self.keys: list[str] = []
+        self.bodies: list[dict] = []
         endpoint = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -37,7 +38,8 @@ class Endpoint:
                 self._answer(endpoint.health, {})
 
             def do_POST(self):  # noqa: N802
-                self.rfile.read(int(self.headers["Content-Length"]))
+                raw = self.rfile.read(int(self.headers["Content-Length"]))
+                endpoint.bodies.append(json.loads(raw))
                 endpoint.keys.append(self.headers.get("Authorization", ""))
                 body = {
                     "choices": [{"text": " x"}],
@@ -90,20 +92,36 @@ def endpoint():
 
 def params(url, **extra):
     return {"url": url, "api_key": "test-key-0123", "model": "m", "completion": True, "prompt": "p",
-            "timeout": 5, "request_timeout": 5, "watch": [], **extra}  # fmt: skip
+            "max_tokens": 1, "timeout": 5, "request_timeout": 5, "watch": [], **extra}  # fmt: skip
 
 
 def test_healthy_only_with_a_completion(endpoint):
     result = vllm_endpoint.wait(params(endpoint.url), None)
     assert result["healthy"] and result["text"] == " x"
     assert endpoint.keys == ["Bearer test-key-0123"]
+    assert endpoint.bodies == [{"model": "m", "prompt": "p", "max_tokens": 1, "temperature": 0}]
 
 
-def test_health_alone_is_not_enough(endpoint):
+def test_the_smoke_prompt_may_ask_for_more_tokens(endpoint):
+    endpoint.tokens = 3
+    result = vllm_endpoint.wait(params(endpoint.url, prompt="The capital of", max_tokens=8), None)
+    assert result["healthy"] and result["text"] == " x"
+    assert (endpoint.bodies[0]["prompt"], endpoint.bodies[0]["max_tokens"]) == ("The capital of", 8)
+
+
+def test_without_completion_health_is_enough(endpoint):
+    result = vllm_endpoint.wait(params(endpoint.url, completion=False, api_key=""), None)
+    assert result["healthy"] and endpoint.bodies == []
+
+
+@pytest.mark.parametrize(
+    ("max_tokens", "asked"), [(1, "a one-token completion"), (8, "a completion")]
+)
+def test_health_alone_is_not_enough(endpoint, max_tokens, asked):
     endpoint.tokens = 0
-    result = vllm_endpoint.wait(params(endpoint.url, timeout=3), None)
+    result = vllm_endpoint.wait(params(endpoint.url, timeout=3, max_tokens=max_tokens), None)
     assert not result["healthy"]
-    assert result["reason"] == "no answer to a one-token completion within 3 s"
+    assert result["reason"] == f"no answer to {asked} within 3 s"
     assert result["timed_out"] is True
 
 
