@@ -74,6 +74,11 @@ def vllm_serve_failed_start(wait, image, image_id, restart_reason, rolled_back, 
     )  # fmt: skip
 
 
+def vllm_serve_rollback_watch_limits(previous_args, stall, grace):
+    """{stall, grace} for the watchdog of a rolled-back group: the larger of each."""
+    return vllm_start.rollback_watch_limits(list(previous_args or []), stall, grace)
+
+
 class FilterModule:
     def filters(self):
         return {
@@ -86,4 +91,5 @@ class FilterModule:
             "vllm_serve_start_setting_errors": vllm_serve_start_setting_errors,
             "vllm_serve_load_format": vllm_serve_load_format,
             "vllm_serve_failed_start": vllm_serve_failed_start,
+            "vllm_serve_rollback_watch_limits": vllm_serve_rollback_watch_limits,
         }

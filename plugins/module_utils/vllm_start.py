@@ -369,6 +369,25 @@ def choose_load_format(setting: str, modules: dict) -> tuple[str, str]:
     return "", (f"the serving image carries neither {' nor '.join(missing)}: vLLM's default loader")
 
 
+def rollback_watch_limits(previous_args, stall, grace) -> dict:
+    """The start limits a watchdog judges a rolled-back group by: each the larger of this
+    run's (``stall``, ``grace``) and those of the watchdog that watched that group before the
+    run (its command line, ``previous_args``; None or empty when there was none).
+
+    The rolled-back group starts as it did when it last served, which this run's limits may
+    not cover: a run that lowered vllm_serve_health_timeout below that group's start would
+    otherwise have the watchdog restart it before it serves, until it gives up.
+    """
+    limits = {"stall": whole(stall), "grace": whole(grace)}
+    for arg in previous_args or []:
+        name, _, value = str(arg).partition("=")
+        key = {"--stall": "stall", "--grace": "grace"}.get(name)
+        number = whole(value) if key else None
+        if number is not None and (limits[key] is None or number > limits[key]):
+            limits[key] = number
+    return limits
+
+
 def failed_start_message(
     *,
     image: str,

@@ -4,7 +4,9 @@ vllm_serve_allowed_sources, on the serving port; the peer and SSH get through; a
 that starts again joins the head through the firewall and the pair serves again; a rerun of
 the host_prep stage changes nothing; the default (the management network) lets the
 outsider reach the serving port again; and host_prep_firewall: false removes the table and
-its files, which a run with it on brings back as they were."""
+its files, which a run with it on brings back as they were. A drill (`make test-drills`)
+restarts the worker node: its init loads the table before its Docker starts, so the table is
+there before Ray listens, and the outsider is refused again while the pair serves again."""
 
 from __future__ import annotations
 
@@ -12,6 +14,8 @@ import ipaddress
 import json
 import re
 import subprocess
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -201,3 +205,63 @@ def test_turning_the_firewall_off_removes_its_table_and_files(firewalled, nodes,
     for node in nodes:
         assert live_table(node).stdout == tables[node.name], node.name
     assert connect(outsider, head.fast_ip, GCS_PORT) == "refused"
+
+
+class NodeWatch(threading.Thread):
+    """Looks into a node every few tenths of a second, through the outer Docker: whether the
+    firewall's table is loaded and whether Ray's node manager listens. A look that cannot
+    run (the node is down) is recorded as such."""
+
+    LOOK = (
+        f"nft list table {' '.join(TABLE)} >/dev/null 2>&1 && echo table; "
+        f"ss -Hltn 'sport = :{NODE_MANAGER_PORT}' | grep -q . && echo listening; true"
+    )
+
+    def __init__(self, node):
+        super().__init__(daemon=True)
+        self.node = node
+        self.looks: list[tuple[float, bool, set[str]]] = []
+        self.halt = threading.Event()
+
+    def run(self):
+        while not self.halt.is_set():
+            proc = subprocess.run(["docker", "exec", self.node.container, "sh", "-c", self.LOOK],
+                                  capture_output=True, text=True, check=False)  # fmt: skip
+            self.looks.append((time.monotonic(), proc.returncode == 0, set(proc.stdout.split())))
+            time.sleep(0.2)
+
+    def after_the_restart(self) -> list[set[str]]:
+        """What each look saw after the first one that could not run (the node was down)."""
+        down = next(i for i, (_t, ran, _seen) in enumerate(self.looks) if not ran)
+        return [seen for _t, ran, seen in self.looks[down:] if ran]
+
+
+@pytest.mark.drill
+def test_after_a_node_restart_the_table_is_back_before_ray_listens(firewalled, nodes, outsider):
+    head, worker = nodes
+    watch = NodeWatch(worker)
+    watch.start()
+    try:
+        result = drills.drill("worker-reboot", head, worker, timeout=600)
+    finally:
+        watch.halt.set()
+        watch.join(timeout=30)
+    print(f"\nworker restart through the firewall: {result}")
+    assert result["recovered"], result
+    assert any(not ran for _t, ran, _seen in watch.looks), "no look found the node down"
+    after = watch.after_the_restart()
+    assert after, "no look into the node after its restart"
+    listening = [i for i, seen in enumerate(after) if "listening" in seen]
+    assert listening, f"Ray never listened on {NODE_MANAGER_PORT} in {len(after)} looks"
+    # The node's init loads the table first thing (a look may come a moment before it):
+    # from then on it stays, and Ray's first listen comes after it.
+    tabled = [i for i, seen in enumerate(after) if "table" in seen]
+    shown = [sorted(seen) for seen in after[:20]]
+    assert tabled and tabled[0] <= listening[0], shown
+    assert all("table" in seen for seen in after[tabled[0] :]), shown
+    print(f"{len(after)} looks after the restart: the table from look {tabled[0]}, "
+          f"Ray listening from look {listening[0]}")  # fmt: skip
+    assert connect(outsider, worker.fast_ip, NODE_MANAGER_PORT) == "refused"
+    assert connect(outsider, head.fast_ip, GCS_PORT) == "refused"
+    assert connect(head.container, worker.fast_ip, NODE_MANAGER_PORT) == "open"
+    assert completion(head) == 2

@@ -1,5 +1,7 @@
 """A first start on the pair: judged by its progress, not by a clock, and refused before
-anything stops when the model itself cannot take the settings.
+anything stops when the model itself cannot take the settings. A start that fails is
+rolled back, and the run says which way it ended: the previous group serves again, was
+started again but does not answer yet, or nothing served before to roll back to.
 
 Slowing the start needs the sim's donor image with ``dgxsim_ray_cpu/slow_load.py`` (a vLLM
 general plugin that sleeps before each checkpoint shard, ``VLLM_DGXSIM_SECONDS_PER_SHARD``,
@@ -33,6 +35,12 @@ from test_serving import (
 pytestmark = pytest.mark.usefixtures("deployed")
 
 STALL = 60  # the smallest stall time the role accepts
+# Each of the tiny model's two shards takes 45 s: a start longer than the stall time.
+SLOW_START = {
+    "vllm_serve_env": {"VLLM_DGXSIM_SECONDS_PER_SHARD": "45"},
+    "vllm_serve_start_stall_timeout": STALL,
+    "vllm_serve_health_timeout": 900,
+}
 INSPECT = ["docker", "inspect", "-f", "{{.State.StartedAt}}", "dgx-spark-vllm"]
 
 
@@ -94,9 +102,7 @@ def test_a_max_model_len_beyond_the_models_is_refused_before_anything_stops(node
 def test_a_slow_start_that_keeps_progressing_serves(nodes):
     """Each shard takes 45 s: the start lasts longer than the stall time (the old rule would
     have ended it at the deadline), but every step comes within it, so it serves."""
-    extra = {"vllm_serve_env": {"VLLM_DGXSIM_SECONDS_PER_SHARD": "45"},
-             "vllm_serve_start_stall_timeout": STALL, "vllm_serve_health_timeout": 900}  # fmt: skip
-    run = serve("-e", json.dumps(extra))
+    run = serve("-e", json.dumps(SLOW_START))
     assert run.rc == 0, run.failures() or run.raw[-3000:]
     wait = _wait(run)
     assert wait["healthy"] and wait["phase"] == "serving"
@@ -106,3 +112,53 @@ def test_a_slow_start_that_keeps_progressing_serves(nodes):
     assert wait["progress"][-1].endswith(": serving"), progress
     print(f"\nslowed start: served after {wait['seconds']:.0f}s:\n{progress}")
     assert complete(nodes, KEY)
+
+
+# A start that stops at the second shard, judged after one stall time at most.
+FAILED_START = {
+    "vllm_serve_env": {"VLLM_DGXSIM_STALL_AT_SHARD": "2"},
+    "vllm_serve_start_stall_timeout": STALL,
+    "vllm_serve_health_timeout": STALL,
+}
+
+
+@pytest.mark.drill
+def test_a_rollback_to_a_group_that_does_not_answer_yet_says_so(nodes):
+    """The group that serves before is a slow one (two shards of 45 s; in step already after
+    the slowed start's test): rolled back, it cannot answer within one stall time. The run
+    says the previous containers were started again but do not answer yet; they serve soon
+    after."""
+    slow = serve("-e", json.dumps(SLOW_START))
+    assert slow.rc == 0, slow.failures() or slow.raw[-3000:]
+    run = serve("-e", json.dumps(FAILED_START))
+    assert run.rc != 0
+    assert not _wait(run)["healthy"]
+    back = _wait(run, ROLLBACK_WAIT_TASK)
+    assert not back["healthy"], back
+    message = " ".join(run.failures())
+    assert "Rolled back: the previous containers were started again but do not answer yet" in (
+        message
+    ), message
+    assert "model_cache_verify=checksum" in message, message
+    deadline = time.monotonic() + 300
+    while not complete(nodes, KEY):
+        assert time.monotonic() < deadline, "the rolled-back group never served"
+        time.sleep(5)
+    print(f"\nrolled back, not answering yet: {back['reason']}")
+
+
+@pytest.mark.drill
+def test_a_failed_start_with_nothing_served_before_has_nothing_to_roll_back_to(nodes):
+    """Nothing serves when the run starts (the head's serving container and its watchdog
+    stopped by hand): a start that fails keeps no previous containers and says so. The
+    module's end deploys the inventory's settings again."""
+    for name in ("dgx-spark-watchdog", "dgx-spark-vllm"):
+        on_node(nodes[0], "docker", "stop", name)
+    run = serve("-e", json.dumps(FAILED_START))
+    assert run.rc != 0
+    assert not _wait(run)["healthy"]
+    ran = {name for name, _h, r in run.results() if not r.get("skipped")}
+    assert ROLLBACK_WAIT_TASK not in ran, "a rollback ran with nothing to roll back to"
+    message = " ".join(run.failures())
+    assert "Nothing served before this run, so there is nothing to roll back to" in message, message
+    print(f"\nnothing to roll back to: {message[:300]}")

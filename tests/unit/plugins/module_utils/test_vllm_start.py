@@ -331,3 +331,25 @@ def test_with_rollback_off_the_message_says_so_instead_of_blaming_the_pair():
     said = vllm_start.failed_start_message(**FAILED, rolled_back=False, rollback_enabled=False)
     assert said.endswith("vllm_serve_rollback is false, so no previous containers were kept.")
     assert "Nothing served before" not in said
+
+
+WATCHDOG_ARGS = ["/etc/dgx-spark-watchdog/dgx_spark_watchdog.py", "--url=http://127.0.0.1:8000",
+                 "--interval=10", "--grace=900", "--stall=60", "--window=1800"]  # fmt: skip
+
+
+def test_a_rolled_back_group_keeps_the_longer_limits_it_was_watched_with():
+    # This run lowered the ceiling to 60 s; the group it rolls back to was watched with 900.
+    assert vllm_start.rollback_watch_limits(WATCHDOG_ARGS, 60, 60) == {"stall": 60, "grace": 900}
+    # This run's limits win where they are the longer ones.
+    assert vllm_start.rollback_watch_limits(WATCHDOG_ARGS, 120, 3600) == {
+        "stall": 120,
+        "grace": 3600,
+    }
+
+
+def test_without_a_previous_watchdog_the_runs_own_limits_hold():
+    assert vllm_start.rollback_watch_limits([], 900, 3600) == {"stall": 900, "grace": 3600}
+    assert vllm_start.rollback_watch_limits(None, "900", "3600") == {"stall": 900, "grace": 3600}
+    # Arguments that are not whole seconds are not limits.
+    odd = ["--grace=soon", "--stall=", "--grace", "--interval=7200"]
+    assert vllm_start.rollback_watch_limits(odd, 900, 3600) == {"stall": 900, "grace": 3600}
