@@ -61,13 +61,17 @@ def vllm_serve_load_format(setting, modules=None):
     return list(vllm_start.choose_load_format(str(setting), dict(modules or {})))
 
 
+# A failed start whose wait never ran: a node failed before it (its own error comes first).
+NO_WAIT = "its wait did not run, as a node failed before it (that node's error is above)"
+
+
 def vllm_serve_failed_start(wait, image, image_id, restart_reason, rolled_back, back=None,
                             previous_image="", rollback_enabled=True):  # fmt: skip
     """The failed start's message: what vLLM refused, and which rollback branch followed."""
     wait, back = dict(wait or {}), dict(back or {})
     return vllm_start.failed_start_message(
         image=str(image), image_id=str(image_id), restart_reason=str(restart_reason),
-        reason=str(wait.get("reason") or ""), excerpt=str(wait.get("excerpt") or ""),
+        reason=str(wait.get("reason") or NO_WAIT), excerpt=str(wait.get("excerpt") or ""),
         rolled_back=bool(rolled_back), back_healthy=bool(back.get("healthy")),
         back_reason=str(back.get("reason") or ""), previous_image=str(previous_image or ""),
         rollback_enabled=bool(rollback_enabled),

@@ -21,3 +21,10 @@ def test_each_rollback_branch_through_the_filter():
     assert "(sha256:abababababab) after the restart (the key changed)" in first
     off = FAILED_START(WAIT, *IMAGE, False, {}, "", False)
     assert off.endswith("vllm_serve_rollback is false, so no previous containers were kept.")
+
+
+def test_a_head_that_failed_before_its_wait_is_named_not_left_blank():
+    # rollback.yml on the other node: the head's wait never ran, so it passes {} and no ID.
+    said = FAILED_START({}, "dgx-spark/vllm-serving:current", "", "the key changed", False, {})
+    assert "(the key changed): its wait did not run, as a node failed before it" in said, said
+    assert said.endswith("nothing to roll back to.")
