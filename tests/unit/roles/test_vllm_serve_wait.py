@@ -9,55 +9,38 @@ nothing got one, so it asks).
 from __future__ import annotations
 
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from support.http_stand_in import HttpStandIn
 from support.role_entry import run_entry_point
 
 KEY = "wait-test-key-0123456789"
 MODEL = "Qwen3.5-122B-A10B-FP8"  # inventories/sparks serves it
 
 
-class StandIn:
+class StandIn(HttpStandIn):
     """/health, /v1/models (serving ``models``) and /v1/completions; records each request."""
 
     def __init__(self):
         self.models = [MODEL]
-        self.seen: list[tuple[str, str, dict | None]] = []
-        stand_in = self
+        super().__init__(self._respond)
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
+    @property
+    def seen(self) -> list[tuple[str, str, dict | None]]:
+        return [(r["method"], r["path"], r["body"]) for r in self.requests]
 
-            def _answer(self):
-                raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                body = json.loads(raw) if raw else None
-                stand_in.seen.append((self.command, self.path, body))
-                answer = {}
-                if self.headers.get("Authorization") != f"Bearer {KEY}":
-                    status, answer = (200, {}) if self.path == "/health" else (401, answer)
-                elif self.path == "/v1/models":
-                    status, answer = 200, {"data": [{"id": m} for m in stand_in.models]}
-                elif self.path == "/v1/completions":
-                    tokens = body["max_tokens"]
-                    status, answer = 200, {"choices": [{"text": " asked here"}],
-                                           "usage": {"completion_tokens": tokens}}  # fmt: skip
-                else:
-                    status = 200
-                data = json.dumps(answer).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            do_GET = do_POST = _answer  # noqa: N815
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.port = self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True).start()
+    def _respond(self, _method, path, headers, body):
+        answer = {}
+        if headers.get("Authorization") != f"Bearer {KEY}":
+            status, answer = (200, {}) if path == "/health" else (401, answer)
+        elif path == "/v1/models":
+            status, answer = 200, {"data": [{"id": m} for m in self.models]}
+        elif path == "/v1/completions":
+            status, answer = 200, {"choices": [{"text": " asked here"}],
+                                   "usage": {"completion_tokens": body["max_tokens"]}}  # fmt: skip
+        else:
+            status = 200
+        return status, answer, "application/json"
 
     def completions(self) -> list[dict]:
         return [body for _method, path, body in self.seen if path == "/v1/completions"]
@@ -67,8 +50,7 @@ class StandIn:
 def vllm():
     stand_in = StandIn()
     yield stand_in
-    stand_in.server.shutdown()
-    stand_in.server.server_close()
+    stand_in.close()
 
 
 def wait(tmp_path, vllm, monkeypatch, **decided):

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import threading
 import time
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -12,6 +10,7 @@ from pathlib import Path
 import pytest
 from ansible.module_utils.urls import open_url
 from ansible_collections.dgx_spark.cluster.plugins.module_utils import vllm_client
+from support.http_stand_in import HttpStandIn
 
 KEY = "test-key-0123"
 METRICS = Path(__file__).resolve().parents[2] / "fixtures/operate/metrics_vllm_0.32_idle.txt"
@@ -28,7 +27,7 @@ MODELS = {
 }
 
 
-class StandIn:
+class StandIn(HttpStandIn):
     """A vLLM stand-in: routes behind the key as vLLM's are, answers the test may change, and
     a record of every request (method, path, headers, JSON body)."""
 
@@ -43,45 +42,24 @@ class StandIn:
         }  # fmt: skip
         self.public = {"/health", "/metrics"}
         self.delay = 0.0
-        self.seen: list[dict] = []
-        stand_in = self
+        super().__init__(self._respond)
+        self.seen = self.requests
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
-
-            def _answer(self):
-                length = int(self.headers.get("Content-Length") or 0)
-                raw = self.rfile.read(length) if length else b""
-                stand_in.seen.append({"method": self.command, "path": self.path,
-                                      "headers": dict(self.headers),
-                                      "body": json.loads(raw) if raw else None})  # fmt: skip
-                time.sleep(stand_in.delay)
-                missing = (404, {"detail": "Not Found"}, "application/json")
-                status, body, kind = stand_in.routes.get(self.path, missing)
-                key = self.headers.get("Authorization")
-                if self.path not in stand_in.public and key != f"Bearer {KEY}":
-                    status, body, kind = 401, UNAUTHORIZED, "application/json"
-                data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", kind)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            do_GET = do_POST = do_PUT = do_DELETE = _answer  # noqa: N815
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True).start()
+    def _respond(self, _method, path, headers, _body):
+        time.sleep(self.delay)
+        status, body, kind = self.routes.get(
+            path, (404, {"detail": "Not Found"}, "application/json")
+        )
+        if path not in self.public and headers.get("Authorization") != f"Bearer {KEY}":
+            status, body, kind = 401, UNAUTHORIZED, "application/json"
+        return status, body, kind
 
 
 @pytest.fixture
 def vllm():
     stand_in = StandIn()
     yield stand_in
-    stand_in.server.shutdown()
-    stand_in.server.server_close()
+    stand_in.close()
 
 
 def urllib_open(url, data=None, headers=None, method=None, timeout=30.0):
