@@ -380,7 +380,7 @@ def rollback_watch_limits(previous_args, stall, grace) -> dict:
     """
     limits = {"stall": whole(stall), "grace": whole(grace)}
     for arg in previous_args or []:
-        name, _, value = str(arg).partition("=")
+        name, _sep, value = str(arg).partition("=")
         key = {"--stall": "stall", "--grace": "grace"}.get(name)
         number = whole(value) if key else None
         if number is not None and (limits[key] is None or number > limits[key]):
