@@ -254,3 +254,53 @@ def test_the_installed_script_asks_the_endpoint_with_the_key(tmp_path):
     body = {"model": "m", "prompt": "ping", "max_tokens": 1, "temperature": 0}
     assert seen == [("/v1/completions", "Bearer k", body), ("/v1/completions", "Bearer bad", body),
                     ("/health", None, b"")]  # fmt: skip
+
+
+def test_sigterm_ends_the_watchdog_at_once(tmp_path):
+    """`docker stop` sends SIGTERM to the script, its container's PID 1: it must end then, not
+    after Docker's 10 s. The script runs its loop until signalled, against a stand-in Docker
+    socket that knows no container and an endpoint that is not there."""
+    import shutil
+    import signal
+    import socketserver
+    import subprocess
+    import threading
+    import time
+    from http.server import BaseHTTPRequestHandler
+
+    class NoContainer(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):  # noqa: N802
+            self.send_response(404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def address_string(self):
+            return "docker.sock"
+
+    docker = socketserver.ThreadingUnixStreamServer(str(tmp_path / "docker.sock"), NoContainer)
+    threading.Thread(target=docker.serve_forever, args=(0.05,), daemon=True).start()
+    for path in _installed_beside_the_script():
+        shutil.copy(path, tmp_path / path.name)
+    argv = [sys.executable, "-I", "-S", str(tmp_path / SOURCE.name), "--model", "m",
+            "--state", str(tmp_path / "state.json"),
+            "--docker-socket", str(tmp_path / "docker.sock"), "--url", "http://127.0.0.1:9",
+            "--interval", "60", "--start-interval", "60"]  # fmt: skip
+    proc = subprocess.Popen(argv, cwd=tmp_path, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "state.json").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert (tmp_path / "state.json").exists(), "the loop never wrote its state"
+        assert proc.poll() is None, proc.stderr.read()
+        proc.send_signal(signal.SIGTERM)
+        asked = time.monotonic()
+        assert proc.wait(timeout=5) == 0
+        assert time.monotonic() - asked < 2
+    finally:
+        proc.kill()
+        proc.wait()
+        docker.shutdown()
+        docker.server_close()
