@@ -53,9 +53,10 @@ def serving_tags(node) -> set[str]:
 
 
 @pytest.fixture(scope="module")
-def upgrade(deployed_pair, nodes):
+def upgrade(serving_pair, nodes):
     """The inventory's donor on every node, before and after the module: afterwards the donor
-    tag names it again, deploy.yml moves the pair back, and the test's images go."""
+    tag names it again, deploy.yml moves the pair back, and the test's images go. The pair
+    need not be in step first: the test's own deploy.yml is a whole run."""
     donor = {n.name: node_image_id(n, DONOR) for n in nodes}
     tags = {n.name: serving_tags(n) for n in nodes}
     yield donor
