@@ -8,6 +8,8 @@ pure logic are exercised together.
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -200,3 +202,218 @@ def test_unreachable_daemon(monkeypatch, capsys):
     code, out = run({"image": IMAGE, "args": GOOD}, capsys)
     assert code == 1
     assert "cannot reach the Docker daemon at unix:///var/run/docker.sock" in out["msg"]
+
+
+# --------------------------------------------------------------------------- cache_dir
+
+
+@pytest.fixture
+def model_dir(tmp_path):
+    model = tmp_path / "models" / "tiny"
+    model.mkdir(parents=True)
+    (model / "config.json").write_text('{"max_position_embeddings": 2048}')
+    (model / "model.safetensors").write_bytes(b"\0" * 64)
+    return model
+
+
+def cached_args(model_dir, cache_dir, **more) -> dict:
+    return {
+        "image": IMAGE,
+        "args": GOOD,
+        "volumes": [f"{model_dir}:{MODEL}"],
+        "cache_dir": str(cache_dir),
+        **more,
+    }
+
+
+@pytest.fixture
+def warned(monkeypatch) -> list[str]:
+    """The module's warnings, as it gives them to AnsibleModule.warn (where they go from there
+    depends on what else this test process imported of Ansible)."""
+    said: list[str] = []
+    monkeypatch.setattr(mod.AnsibleModule, "warn", lambda self, warning, **kw: said.append(warning))
+    return said
+
+
+def entries(cache_dir) -> list[str]:
+    return sorted(p.name for p in cache_dir.glob("*.json")) if cache_dir.exists() else []
+
+
+def test_an_acceptance_is_remembered_and_reused(client, capsys, tmp_path, model_dir, monkeypatch):
+    cache = tmp_path / "state" / "args-accepted"
+    code, first = run(cached_args(model_dir, cache), capsys)
+    assert code == 0, first
+    assert first["cached"] is False and first["refused"] is False
+    assert len(client.created) == 1
+    [name] = entries(cache)
+    stored = json.loads((cache / name).read_text())
+    assert stored["image_id"] == first["image_id"]
+    assert stored["document"]["seconds"] == first["seconds"]
+
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("the probe ran although its answer is remembered")
+
+    monkeypatch.setattr(mod, "run_in_image", must_not_run)
+    os.utime(cache / name, ns=(1, 1_000_000_000))
+    code, again = run(cached_args(model_dir, cache), capsys)
+    assert code == 0, again
+    assert again["cached"] is True and again["changed"] is False
+    # Marked as used, so the prune keeps it longer.
+    assert (cache / name).stat().st_mtime_ns > 1_000_000_000
+    assert len(client.created) == 1 and client.closed
+    for field in ("image_id", "vllm_version", "problems", "registries", "model_config",
+                  "seconds", "timings", "refused"):  # fmt: skip
+        assert again[field] == first[field], field
+
+
+def test_without_cache_dir_nothing_is_remembered(client, capsys, tmp_path):
+    for _attempt in range(2):
+        code, out = run({"image": IMAGE, "args": GOOD}, capsys)
+        assert code == 0 and out["cached"] is False, out
+    assert len(client.created) == 2
+
+
+@pytest.mark.parametrize(
+    "change",
+    ["arg", "env", "file-size", "file-mtime", "new-file", "image"],
+)
+def test_a_change_asks_again(client, capsys, tmp_path, model_dir, change):
+    cache = tmp_path / "cache"
+    given = cached_args(model_dir, cache)
+    assert run(given, capsys)[0] == 0
+    if change == "arg":
+        given["args"] = [*GOOD, "--max-num-seqs", "8"]
+    elif change == "env":
+        given["env"] = {"VLLM_LOGGING_LEVEL": "DEBUG"}
+    elif change == "file-size":
+        (model_dir / "config.json").write_text('{"max_position_embeddings": 4096}')
+    elif change == "file-mtime":
+        stamp = (model_dir / "model.safetensors").stat().st_mtime_ns + 1_000_000_000
+        os.utime(model_dir / "model.safetensors", ns=(stamp, stamp))
+    elif change == "new-file":
+        (model_dir / "tokenizer.json").write_text("{}")
+    else:  # the tag moved to another image
+        client.known[IMAGE] = FakeImage(
+            "another", client.known[IMAGE].site, client.known[IMAGE].attrs["Config"]["Env"]
+        )
+    code, out = run(given, capsys)
+    assert code == 0, out
+    assert out["cached"] is False and len(client.created) == 2
+    assert len(entries(cache)) == 2
+    # Unchanged since, the new answer is reused in turn.
+    code, out = run(given, capsys)
+    assert out["cached"] is True and len(client.created) == 2
+
+
+def test_a_refusal_is_not_remembered(client, capsys, tmp_path, model_dir):
+    cache = tmp_path / "cache"
+    given = cached_args(model_dir, cache, args=[MODEL, "--max-num-seqs", "abc"])
+    for expected_runs in (1, 2):
+        code, out = run(given, capsys)
+        assert code == 1 and out["refused"] is True and out["cached"] is False
+        assert len(client.created) == expected_runs
+    assert entries(cache) == []
+
+
+def test_a_refusal_reported_without_failing_is_not_remembered(client, capsys, tmp_path, model_dir):
+    cache = tmp_path / "cache"
+    given = cached_args(
+        model_dir, cache, args=[MODEL, "--reasoning-parser", "qwen9"], fail_on_refusal=False
+    )
+    code, out = run(given, capsys)
+    assert code == 0 and out["refused"] is True and out["cached"] is False
+    assert entries(cache) == []
+
+
+def test_check_mode_reads_but_does_not_write(client, capsys, tmp_path, model_dir):
+    cache = tmp_path / "cache"
+    code, out = run(cached_args(model_dir, cache), capsys, check_mode=True)
+    assert code == 0 and out["cached"] is False, out
+    assert not cache.exists()
+    # Written by a real run, then read in check mode, untouched.
+    assert run(cached_args(model_dir, cache), capsys)[0] == 0
+    [name] = entries(cache)
+    os.utime(cache / name, ns=(1, 1_000_000_000))
+    code, out = run(cached_args(model_dir, cache), capsys, check_mode=True)
+    assert code == 0 and out["cached"] is True, out
+    assert len(client.created) == 2
+    assert (cache / name).stat().st_mtime_ns == 1_000_000_000
+
+
+def test_a_corrupt_entry_is_ignored_then_replaced(client, capsys, tmp_path, model_dir):
+    cache = tmp_path / "cache"
+    assert run(cached_args(model_dir, cache), capsys)[0] == 0
+    [name] = entries(cache)
+    (cache / name).write_text('{"version": 1, "key": "trunc')
+    code, out = run(cached_args(model_dir, cache), capsys)
+    assert code == 0 and out["cached"] is False and len(client.created) == 2, out
+    assert json.loads((cache / name).read_text())["document"]["vllm"] == "0.32.0"
+    code, out = run(cached_args(model_dir, cache), capsys)
+    assert out["cached"] is True and len(client.created) == 2
+
+
+def test_a_remembered_answer_this_judge_refuses_is_asked_again(client, capsys, tmp_path, model_dir):
+    cache = tmp_path / "cache"
+    assert run(cached_args(model_dir, cache), capsys)[0] == 0
+    [name] = entries(cache)
+    entry = json.loads((cache / name).read_text())
+    entry["document"]["registries"]["tool"]["names"] = ["hermes"]
+    (cache / name).write_text(json.dumps(entry))
+    code, out = run(cached_args(model_dir, cache), capsys)
+    assert code == 0 and out["cached"] is False and len(client.created) == 2, out
+    rewritten = json.loads((cache / name).read_text())["document"]
+    assert "qwen3_coder" in rewritten["registries"]["tool"]["names"]
+
+
+def test_at_most_32_entries_are_kept(client, capsys, tmp_path, model_dir):
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o700)
+    old = [f"{index:064x}.json" for index in range(40)]
+    for age, name in enumerate(old):
+        (cache / name).write_text("{}")
+        os.utime(cache / name, ns=(1, 1_000_000_000 * (age + 1)))
+    assert run(cached_args(model_dir, cache), capsys)[0] == 0
+    kept = entries(cache)
+    assert len(kept) == 32
+    new = [n for n in kept if n not in old]
+    assert len(new) == 1
+    # The newest 31 of the old ones stay beside the new entry.
+    assert sorted(set(kept) - set(new)) == old[-31:]
+
+
+def test_an_unwritable_cache_warns_and_answers(client, capsys, tmp_path, model_dir, warned):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    code, out = run(cached_args(model_dir, blocker / "cache"), capsys)
+    assert code == 0 and out["refused"] is False and out["cached"] is False, out
+    assert len(warned) == 1 and warned[0].startswith("cannot remember vLLM's answer in")
+
+
+def test_a_file_written_while_the_probe_runs_is_not_remembered(
+    client, capsys, tmp_path, model_dir, monkeypatch, warned
+):
+    cache = tmp_path / "cache"
+    real = mod.run_in_image
+
+    def run_and_write(*args, **kwargs):
+        found = real(*args, **kwargs)
+        (model_dir / "config.json").write_text('{"max_position_embeddings": 99999}')
+        return found
+
+    monkeypatch.setattr(mod, "run_in_image", run_and_write)
+    code, out = run(cached_args(model_dir, cache), capsys)
+    assert code == 0 and out["cached"] is False, out
+    assert entries(cache) == []
+    assert warned == [
+        f"{IMAGE} or a file below a volume changed while vLLM was asked; "
+        "this answer is not remembered"
+    ]
+
+
+def test_a_named_volume_is_not_remembered(client, capsys, tmp_path):
+    cache = tmp_path / "cache"
+    given = {"image": IMAGE, "args": GOOD, "volumes": ["models:/models"], "cache_dir": str(cache)}
+    for _attempt in range(2):
+        code, out = run(given, capsys)
+        assert code == 0 and out["cached"] is False, out
+    assert len(client.created) == 2 and entries(cache) == []

@@ -1,0 +1,239 @@
+# Copyright: contributors to the dgx_spark.cluster collection
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""Remember, on the node, the command lines the serving image's vLLM accepted.
+
+``vllm_args_check`` spends most of its time importing vLLM in a container. When everything
+the probe reads is the same as when it last accepted, its answer is known. The key of an
+answer (``cache_key``) is the SHA-256 of a canonical JSON of:
+
+* the image's ID as the node's Docker resolves it (not its name: a moved tag is a new key);
+* the arguments after ``vllm serve``, the probe container's environment, the
+  ``model_config`` flag and the interpreter named with the module's ``python`` option;
+* the read-only volumes as the probe mounts them, and for each host path the fingerprint
+  ``tree_fingerprint`` takes of it: every file below it with its size and modification time,
+  or the fact that the path does not exist;
+* a digest of the probe itself (its source and the request it is given), so that a new
+  collection with a changed probe asks again.
+
+``tree_fingerprint`` is the one part that reads the filesystem; ``cache_key`` is pure over
+what it returned. ``read_entry``, ``write_entry`` and ``prune`` keep the entries, one JSON
+file per key, in a directory of the node. Only acceptances are written; the module decides.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import stat
+import tempfile
+
+# Beyond this many entries (files and directories) below one volume, taking the fingerprint
+# costs more than it saves; such a configuration is not remembered.
+TREE_LIMIT = 20000
+# Entries kept in the cache directory; the ones used least recently go first.
+KEEP = 32
+# The format of an entry; another value is read as no entry.
+ENTRY_VERSION = 1
+
+_ENTRY_NAME = re.compile(r"^[0-9a-f]{64}\.json$")
+
+
+def _stat_entry(rel: str, path: str, info: os.stat_result) -> list:
+    """[relative path, size, mtime_ns, link target or None]; a link's size and time are those
+    of what it names ([-1, -1] when that does not exist)."""
+    if not stat.S_ISLNK(info.st_mode):
+        return [rel, info.st_size, info.st_mtime_ns, None]
+    target = os.readlink(path)
+    try:
+        followed = os.stat(path)
+    except OSError:
+        return [rel, -1, -1, target]
+    return [rel, followed.st_size, followed.st_mtime_ns, target]
+
+
+def tree_fingerprint(root: str, limit: int = TREE_LIMIT) -> dict:
+    """What the files below ``root`` are now, as data for ``cache_key``.
+
+    ``{"exists", "complete", "entries"}``: ``entries`` lists ``[relative path, size,
+    mtime_ns, link target]`` for every file below ``root``, sorted, ``root`` itself as ``.``
+    when it is a file. Directories are walked but not listed. A link to a file is recorded
+    with the size and time of the file it names (a Hub snapshot's files are links into its
+    blobs); a link to a directory is recorded the same way but not walked, so the walk never
+    leaves the tree. ``complete`` is false when the walk stopped: more than ``limit``
+    entries, or a directory that cannot be read. A ``root`` that does not exist is
+    ``{"exists": False, "complete": True, "entries": []}``.
+    """
+    try:
+        top = os.stat(root)
+    except FileNotFoundError:
+        return {"exists": False, "complete": True, "entries": []}
+    except OSError:
+        return {"exists": True, "complete": False, "entries": []}
+    if not stat.S_ISDIR(top.st_mode):
+        return {"exists": True, "complete": True, "entries": [_stat_entry(".", root, top)]}
+    entries: list[list] = []
+    seen = 0
+    pending = [""]
+    while pending:
+        rel_dir = pending.pop()
+        try:
+            with os.scandir(os.path.join(root, rel_dir) if rel_dir else root) as listing:
+                found = list(listing)
+        except OSError:
+            return {"exists": True, "complete": False, "entries": []}
+        seen += len(found)
+        if seen > limit:
+            return {"exists": True, "complete": False, "entries": []}
+        for item in found:
+            rel = os.path.join(rel_dir, item.name) if rel_dir else item.name
+            try:
+                info = item.stat(follow_symlinks=False)
+            except OSError:
+                entries.append([rel, -1, -1, None])  # gone since the listing
+                continue
+            if stat.S_ISDIR(info.st_mode):
+                pending.append(rel)
+            else:
+                entries.append(_stat_entry(rel, item.path, info))
+    entries.sort(key=lambda entry: entry[0])
+    return {"exists": True, "complete": True, "entries": entries}
+
+
+def volume_host(volume: str) -> str:
+    """The host side of a bind spec ``host:container[:options]``."""
+    return str(volume).split(":", 1)[0]
+
+
+def probe_digest(entrypoint: list, request: str) -> str:
+    """SHA-256 of the probe as it runs: its entrypoint (with the source) and its request."""
+    text = json.dumps([list(entrypoint), request], sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def cache_key(
+    image_id: str | None,
+    args: list,
+    environment: dict,
+    model_config: bool,
+    volumes: list,
+    python: str | None,
+    probe: str,
+    trees: dict,
+) -> str | None:
+    """The key of an answer, or None when the configuration cannot be remembered.
+
+    ``volumes`` are the bind specs as the probe mounts them; ``trees`` maps each one's host
+    path to its ``tree_fingerprint``. None when the image's ID is unknown, when a host path
+    is not absolute (a named Docker volume, whose files cannot be fingerprinted here), or
+    when a fingerprint is missing or incomplete.
+    """
+    if not image_id:
+        return None
+    fingerprints = {}
+    for volume in volumes:
+        host = volume_host(volume)
+        tree = trees.get(host)
+        if not host.startswith("/") or not tree or not tree.get("complete"):
+            return None
+        fingerprints[host] = {"exists": bool(tree.get("exists")), "entries": tree["entries"]}
+    canonical = json.dumps(
+        {
+            "version": ENTRY_VERSION,
+            "image_id": image_id,
+            "args": [str(a) for a in args],
+            "environment": {str(k): str(v) for k, v in environment.items()},
+            "model_config": bool(model_config),
+            "volumes": [str(v) for v in volumes],
+            "python": python,
+            "probe": probe,
+            "trees": fingerprints,
+        },
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=True,
+    )
+    return hashlib.sha256(canonical.encode("ascii")).hexdigest()
+
+
+def entry_path(cache_dir: str, key: str) -> str:
+    return os.path.join(cache_dir, f"{key}.json")
+
+
+def read_entry(cache_dir: str, key: str) -> dict | None:
+    """The entry stored under ``key``: ``{"version", "key", "image_id", "document"}`` (the
+    probe's JSON document), or None when there is none, or it cannot be read or parsed, or it
+    is not such an entry (such a file is ignored)."""
+    try:
+        with open(entry_path(cache_dir, key), encoding="utf-8") as handle:
+            entry = json.load(handle)
+    except (OSError, ValueError):
+        return None
+    if (
+        not isinstance(entry, dict)
+        or entry.get("version") != ENTRY_VERSION
+        or entry.get("key") != key
+        or not isinstance(entry.get("image_id"), str)
+        or not isinstance(entry.get("document"), dict)
+        or not isinstance(entry["document"].get("errors"), dict)
+        or not isinstance(entry["document"].get("registries"), dict)
+    ):
+        return None
+    return entry
+
+
+def write_entry(cache_dir: str, key: str, image_id: str, document: dict) -> str:
+    """Store the probe's document under ``key``, atomically (a temporary file in the same
+    directory, then renamed over the entry), mode 0600; the directory is made 0700 when
+    missing. Returns the entry's path."""
+    if not os.path.isdir(cache_dir):
+        os.makedirs(cache_dir, mode=0o700, exist_ok=True)
+        os.chmod(cache_dir, 0o700)
+    entry = {"version": ENTRY_VERSION, "key": key, "image_id": image_id, "document": document}
+    path = entry_path(cache_dir, key)
+    fd, tmp = tempfile.mkstemp(prefix=f".{key}.", suffix=".tmp", dir=cache_dir)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump(entry, handle, sort_keys=True, indent=1)
+            handle.write("\n")
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def touch_entry(cache_dir: str, key: str) -> None:
+    """Mark an entry as just used, so that ``prune`` keeps it longer."""
+    with contextlib.suppress(OSError):
+        os.utime(entry_path(cache_dir, key))
+
+
+def prune(cache_dir: str, keep: int = KEEP) -> list[str]:
+    """Delete the entries beyond the ``keep`` most recently written or used; returns the names
+    deleted. Only files named like entries are considered."""
+    dated = []
+    try:
+        with os.scandir(cache_dir) as listing:
+            for item in listing:
+                if not _ENTRY_NAME.match(item.name):
+                    continue
+                try:
+                    dated.append((item.stat(follow_symlinks=False).st_mtime_ns, item.name))
+                except OSError:
+                    continue
+    except OSError:
+        return []
+    dated.sort(reverse=True)
+    deleted = []
+    for _mtime, name in dated[keep:]:
+        try:
+            os.unlink(os.path.join(cache_dir, name))
+            deleted.append(name)
+        except OSError:
+            continue
+    return deleted
