@@ -14,6 +14,13 @@ SIM = Path(__file__).resolve().parents[3] / "sim"
 NEIGHBOURS = ("sim_common", "sim_images")
 
 
+@pytest.fixture(autouse=True)
+def _no_phase_log(monkeypatch):
+    """make test exports the phase log of the run: the stand-in builds here must not write
+    their steps ("built in 0s") into it. A test that reads the log sets its own."""
+    monkeypatch.delenv("DGX_SPARK_PHASES", raising=False)
+
+
 @pytest.fixture()
 def simctl(monkeypatch):
     monkeypatch.setattr(sys, "path", list(sys.path))
