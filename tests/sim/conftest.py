@@ -38,21 +38,20 @@ drills = _load("drills", ROOT / "benchmarks" / "drills.py")
 
 # The order the modules run in. Read-only checks and refusals first (host_prep.yml on the
 # fresh pair, before any deploy: a stage run alone on nodes nothing prepared); then the
-# stages' own tests, the faults and the serving changes; last the modules that need a freshly
-# recorded deployment (test_rerun), which test_serving's restore (a full deploy.yml) leaves
-# behind, and the teardown, which deploys again afterwards.
+# stages' own tests, and test_rerun while the pair is still in step with the record.
 #
-# A module that leaves the pair serving but out of step with the record (test_firewall's rank
-# drill restarts a container; test_monitoring's removal leaves the record's settings behind)
-# costs the next `deployed_pair` a whole run of every stage (two minutes on the sim). Each is
-# followed by a module that makes a whole run of its own anyway and takes the pair as it
-# serves (`serving_pair`): test_monitoring's deploy with monitoring on, then test_upgrade's
-# deploy of the new image.
+# After that, the modules that disturb the pair each take it as it serves (`serving_pair`)
+# instead of paying a whole run of every stage (two minutes on the sim) to put it back in
+# step, and none puts it back for the next: test_firewall's rank drill restarts a container;
+# test_monitoring's removal leaves the record's settings behind; test_serving ends on a
+# rotated key; test_upgrade's own deploy.yml is a whole run anyway (it brings the inventory's
+# key back in the restart that moves the ranks) and ends on the new image. The teardown comes
+# last: it removes what serves and deploys again.
 MODULE_ORDER = (
     "test_pair", "test_vllm_registry_info", "test_host_prep", "test_image_inputs",
     "test_model_cache", "test_chat", "test_weights", "test_first_start", "test_collective",
-    "test_operate", "test_firewall", "test_monitoring", "test_recovery", "test_upgrade",
-    "test_serving", "test_rerun", "test_teardown",
+    "test_operate", "test_rerun", "test_firewall", "test_monitoring", "test_recovery",
+    "test_serving", "test_upgrade", "test_teardown",
 )  # fmt: skip
 
 

@@ -1,8 +1,9 @@
 """playbooks/teardown.yml on the simulated pair: with -e teardown_remove_weights=true every
 container the collection made (serving, watchdog, Ray, monitoring) and the weights leave both
-nodes, while the images and the host preparation (comm.env) stay. The deployment is restored
-afterwards, whatever happens: deploy.yml runs again for the stages the teardown removed
-(model, ray, serve)."""
+nodes, while the images and the host preparation (comm.env) stay. The module takes the pair
+as it serves with the inventory's key (the last module: test_upgrade leaves it on its new
+image), and restores it afterwards, whatever happens: deploy.yml runs again for the stages
+the teardown removed (model, ray, serve)."""
 
 from __future__ import annotations
 
@@ -57,7 +58,7 @@ def node_state(host) -> dict:
 
 
 @pytest.fixture(scope="module")
-def teardown(deployed_pair, hosts):
+def teardown(serving_pair, hosts):
     """The serving pair (deployed first when it does not answer), torn down with the weights,
     then deployed again."""
     before = {name: node_state(host) for name, host in hosts.items()}
