@@ -36,9 +36,10 @@ sim_images = importlib.import_module("sim_images")
 drills = _load("drills", ROOT / "benchmarks" / "drills.py")
 
 
-# The order the modules run in. Read-only checks and refusals first (host_prep.yml on the
-# fresh pair, before any deploy: a stage run alone on nodes nothing prepared); then the
-# stages' own tests, and test_rerun while the pair is still in step with the record.
+# The order the modules run in. Read-only checks and refusals first (host_prep.yml before
+# any deploy of the tests': on a pair `make sim-up` just made, a stage run alone on nodes
+# nothing prepared; in `make test`, molecule's default scenario has deployed the pair
+# first); then the stages' own tests, and test_rerun while the pair is still in step.
 #
 # After that, the modules that disturb the pair each take it as it serves (`serving_pair`)
 # instead of paying a whole run of every stage (two minutes on the sim) to put it back in
