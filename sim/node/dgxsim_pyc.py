@@ -15,6 +15,7 @@ Python's) compiles the source as zipimport would have. Only the sim's node image
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import marshal
 import os
@@ -56,10 +57,8 @@ def cached_compiler(cache_dir: str, compile_source):
                 marshal.dump(code, f)
             os.replace(tmp, path)
         except OSError:
-            try:
+            with contextlib.suppress(OSError):
                 os.unlink(tmp)
-            except OSError:
-                pass
         return code
 
     compile_cached.uncached = compile_source
