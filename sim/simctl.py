@@ -365,10 +365,20 @@ def down(purge: bool) -> None:
             docker(kind, "rm", *(["-f"] if kind == "container" else []), *ids)
             log(f"removed {len(ids)} {kind}(s)")
     if purge:
-        ids = docker("image", "ls", "-q", "--filter", f"label={LABEL}").stdout.split()
-        if ids:
-            docker("image", "rm", "-f", *sorted(set(ids)), check=False)
-            log(f"removed {len(set(ids))} image(s)")
+        # An image that another one is built on goes only once that one has: a base and the
+        # image over it, removed in one call, can leave the base behind. Again, until none is.
+        removed: set[str] = set()
+        for _ in range(4):
+            ids = set(docker("image", "ls", "-q", "--filter", f"label={LABEL}").stdout.split())
+            if not ids:
+                break
+            docker("image", "rm", "-f", *sorted(ids), check=False)
+            removed |= ids
+        left = docker("image", "ls", "-q", "--filter", f"label={LABEL}").stdout.split()
+        if removed:
+            log(f"removed {len(removed) - len(set(left))} image(s)")
+        if left:
+            log(f"could not remove {len(set(left))} image(s): {' '.join(sorted(set(left)))}")
         shutil.rmtree(STATE, ignore_errors=True)
 
 

@@ -98,3 +98,40 @@ def test_sim_inventory_matches_the_sim_networks(simctl):
     nodes = simctl.read_nodes()
     assert [n.name for n in nodes] == ["spark-1", "spark-2"]
     assert len({n.fast_ip for n in nodes}) == 2
+
+
+def test_purge_removes_a_base_left_behind_by_the_image_over_it(
+    simctl, monkeypatch, tmp_path, capsys
+):
+    """Docker refuses to remove an image another one is built on; in one call naming both, the
+    base can be tried first and stay. sim-clean tries again until no sim image is left."""
+    store = tmp_path / "images"
+    store.mkdir()
+    for image in ("aaa-base", "bbb-over-base", "ccc-alone"):
+        (store / image).touch()
+    docker = fake_docker(
+        tmp_path,
+        f"""
+        cd {store}
+        case "$1 $2" in
+          "container ls"|"network ls"|"volume ls") exit 0 ;;
+          "image ls") ls ;;
+          "image rm")
+            shift 3
+            for id in "$@"; do
+              if [ "$id" = aaa-base ] && [ -e bbb-over-base ]; then
+                echo "conflict: unable to delete $id: image has dependent child images" >&2
+                failed=1
+              else
+                rm -f "$id"
+              fi
+            done
+            exit ${{failed:-0}} ;;
+        esac
+        """,
+    )
+    monkeypatch.setattr(simctl.sim_common, "DOCKER", docker)
+    monkeypatch.setattr(simctl, "STATE", tmp_path / "state")
+    simctl.down(purge=True)
+    assert list(store.iterdir()) == []
+    assert "[sim] removed 3 image(s)" in capsys.readouterr().out
