@@ -94,7 +94,8 @@ checks: lint unit sanity
 
 # The venv and the checks (CPU) beside the pair's start (downloads, image builds and loads).
 # lint, unit and sanity share nothing, and one alone leaves a core idle while sim-up waits on
-# Docker: all three at once (each one's output whole, once it ends).
+# Docker: all three at once (each one's output whole, once it ends). The pair's start prints
+# its steps as they come (no --output-sync around it, which would hold them to its end).
 timed-checks:
 	$(PHASES) run venv -- $(MAKE) --no-print-directory venv
 	$(PHASES) run checks -- $(MAKE) --no-print-directory -j3 --output-sync=target checks
@@ -109,7 +110,7 @@ test:
 	@$(PHASES) begin
 	$(PHASES) run bootstrap -- tools/bootstrap.sh
 	$(PHASES) run sim-venv -- $(MAKE) --no-print-directory sim-venv
-	$(PHASES) run checks+sim-up -- $(MAKE) --no-print-directory -j2 --output-sync=line timed-checks timed-sim-up
+	$(PHASES) run checks+sim-up -- $(MAKE) --no-print-directory -j2 timed-checks timed-sim-up
 	$(PHASES) run molecule -- $(MAKE) --no-print-directory molecule-scenarios
 	$(PHASES) run sim-test -- $(SIM_TESTS) -m "not drill"
 	@$(PHASES) table
@@ -118,7 +119,7 @@ demo:
 	@$(PHASES) begin
 	$(PHASES) run bootstrap -- tools/bootstrap.sh
 	$(PHASES) run sim-venv -- $(MAKE) --no-print-directory sim-venv
-	$(PHASES) run venv+sim-up -- $(MAKE) --no-print-directory -j2 --output-sync=line timed-venv timed-sim-up
+	$(PHASES) run venv+sim-up -- $(MAKE) --no-print-directory -j2 timed-venv timed-sim-up
 	$(PHASES) run deploy -- env ANSIBLE_CALLBACKS_ENABLED=ansible.posix.profile_roles $(BIN)/ansible-playbook -i inventories/sim deploy.yml
 	@echo "Note: the simulated pair serves a tiny model trained at sim-up on a few scripted conversations: its answers below are known ones, proving the path through both nodes, the chat template and the parsers, not a model's knowledge."
 	$(PHASES) run chat -- $(PY) sim/chat.py
