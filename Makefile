@@ -11,7 +11,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 PHASES  := python3 benchmarks/phases.py
 export DGX_SPARK_PHASES ?= $(CURDIR)/.cache/phases.log
 
-.PHONY: help bootstrap venv sim-venv timed-venv lint unit sanity checks sim-up sim-down sim-clean sim-test molecule test test-drills demo teardown build timed-checks timed-sim-up molecule-scenarios
+.PHONY: help bootstrap venv lint unit sanity checks sim-up sim-down sim-clean sim-test molecule test test-drills demo teardown build timed-checks timed-sim-up molecule-scenarios
 
 help:
 	@echo "make demo      bring the simulated pair up and run deploy.yml on it"
@@ -27,20 +27,12 @@ help:
 bootstrap:
 	tools/bootstrap.sh
 
-# First what sim/simctl.py imports (PyYAML at its pin), in seconds: the pair's start needs no
-# more, and runs while the rest installs (about 80 s, most of it compiling ansible).
-$(VENV)/.sim-ready: requirements.txt
+$(VENV)/.installed: requirements.txt
 	python3 -m venv $(VENV)
-	$(BIN)/pip install -q --disable-pip-version-check "$$(grep -i '^pyyaml==' requirements.txt)"
-	touch $@
-
-$(VENV)/.installed: $(VENV)/.sim-ready
 	$(BIN)/pip install -q --disable-pip-version-check -r requirements.txt
 	touch $@
 
 venv: $(VENV)/.installed
-
-sim-venv: $(VENV)/.sim-ready
 
 lint: venv
 	$(BIN)/yamllint -s .
@@ -55,20 +47,20 @@ unit: venv
 sanity: venv
 	VENV=$(VENV) tools/sanity.sh
 
-sim-up: sim-venv
+sim-up: venv
 	$(PY) sim/simctl.py up
 
-sim-down: sim-venv
+sim-down: venv
 	$(PY) sim/simctl.py down
 
-sim-clean: sim-venv
+sim-clean: venv
 	$(PY) sim/simctl.py down --purge
 
 # The sim tests but the drills (tests marked `drill`: faults and failed starts, each a restart
 # or two of the group); test-drills runs those alone, on the pair whatever it serves.
 SIM_TESTS := $(BIN)/pytest -q --durations=40 tests/sim
 
-sim-test: venv sim-up
+sim-test: sim-up
 	$(SIM_TESTS) -m "not drill"
 
 test-drills:
@@ -82,7 +74,7 @@ build: venv
 	$(BIN)/ansible-galaxy collection build --force --output-path .cache/dist .
 
 # Scenarios named for what they prove; each runs against the simulated pair.
-molecule: venv sim-up molecule-scenarios
+molecule: sim-up molecule-scenarios
 
 # default first: on a pair that has never served, its converge is the pair's first deploy, and
 # the sim tests after molecule find the pair serving in step instead of deploying it again.
@@ -92,16 +84,12 @@ molecule-scenarios:
 
 checks: lint unit sanity
 
-# The venv and the checks (CPU) beside the pair's start (downloads, image builds and loads).
-# lint, unit and sanity share nothing, and one alone leaves a core idle while sim-up waits on
-# Docker: all three at once (each one's output whole, once it ends). The pair's start prints
-# its steps as they come (no --output-sync around it, which would hold them to its end).
+# The checks (CPU) and the pair's start (downloads, image builds and loads) at once. lint, unit
+# and sanity share nothing, and one alone leaves a core idle while sim-up waits on Docker: all
+# three at once (each one's output whole, once it ends). The pair's start prints its steps as
+# they come (no --output-sync around it, which would hold them to its end).
 timed-checks:
-	$(PHASES) run venv -- $(MAKE) --no-print-directory venv
 	$(PHASES) run checks -- $(MAKE) --no-print-directory -j3 --output-sync=target checks
-
-timed-venv:
-	$(PHASES) run venv -- $(MAKE) --no-print-directory venv
 
 timed-sim-up:
 	$(PHASES) run sim-up -- $(PY) sim/simctl.py up
@@ -109,7 +97,7 @@ timed-sim-up:
 test:
 	@$(PHASES) begin
 	$(PHASES) run bootstrap -- tools/bootstrap.sh
-	$(PHASES) run sim-venv -- $(MAKE) --no-print-directory sim-venv
+	$(PHASES) run venv -- $(MAKE) --no-print-directory venv
 	$(PHASES) run checks+sim-up -- $(MAKE) --no-print-directory -j2 timed-checks timed-sim-up
 	$(PHASES) run molecule -- $(MAKE) --no-print-directory molecule-scenarios
 	$(PHASES) run sim-test -- $(SIM_TESTS) -m "not drill"
@@ -118,8 +106,8 @@ test:
 demo:
 	@$(PHASES) begin
 	$(PHASES) run bootstrap -- tools/bootstrap.sh
-	$(PHASES) run sim-venv -- $(MAKE) --no-print-directory sim-venv
-	$(PHASES) run venv+sim-up -- $(MAKE) --no-print-directory -j2 timed-venv timed-sim-up
+	$(PHASES) run venv -- $(MAKE) --no-print-directory venv
+	$(PHASES) run sim-up -- $(PY) sim/simctl.py up
 	$(PHASES) run deploy -- env ANSIBLE_CALLBACKS_ENABLED=ansible.posix.profile_roles $(BIN)/ansible-playbook -i inventories/sim deploy.yml
 	@echo "Note: the simulated pair serves a tiny model trained at sim-up on a few scripted conversations: its answers below are known ones, proving the path through both nodes, the chat template and the parsers, not a model's knowledge."
 	$(PHASES) run chat -- $(PY) sim/chat.py
