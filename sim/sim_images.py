@@ -64,11 +64,15 @@ TINY_MODEL = STATE / "models" / "tiny-qwen3-moe"
 
 
 def digest(*parts: str | bytes | Path) -> str:
+    """The inputs' digest: strings, files, and directories' files (names and contents), less
+    the bytecode a Python run beside them leaves (a unit test importing a module of an image's
+    context must not make the image, and the nodes built on it, new)."""
     h = hashlib.sha256()
     for part in parts:
         if isinstance(part, Path):
             if part.is_dir():
-                for f in sorted(p for p in part.rglob("*") if p.is_file()):
+                files = (p for p in part.rglob("*") if p.is_file() and p.suffix != ".pyc")
+                for f in sorted(f for f in files if "__pycache__" not in f.parts):
                     h.update(str(f.relative_to(part)).encode())
                     h.update(b"\0")
                     h.update(

@@ -43,7 +43,7 @@ def run(cache: Path, zip_path: Path, code: str, install: bool = True) -> str:
         setup += f"import dgxsim_pyc; dgxsim_pyc.install({str(cache)!r})\n"
     setup += f"sys.path.insert(0, {str(zip_path)!r})\n"
     proc = subprocess.run(
-        [sys.executable, "-I", "-c", setup + code], capture_output=True, text=True, check=True
+        [sys.executable, "-I", "-B", "-c", setup + code], capture_output=True, text=True, check=True
     )
     return proc.stdout.strip()
 

@@ -36,6 +36,14 @@ def test_a_directory_counts_by_its_files_names_and_contents(sim_images, tmp_path
     assert renamed != edited
     (tree / "empty").mkdir()
     assert sim_images.digest(tree) == renamed, "an empty directory adds nothing"
+    # The bytecode a Python run leaves (the unit tests of a module of the context, beside
+    # sim-up in make test) is no input: it must not make the image, and the nodes, new.
+    (tree / "sub" / "__pycache__").mkdir()
+    (tree / "sub" / "__pycache__" / "mod.cpython-311.pyc").write_bytes(b"\x00")
+    (tree / "stray.pyc").write_bytes(b"\x00")
+    assert sim_images.digest(tree) == renamed
+    (tree / "sub" / "mod.py").write_text("x = 1\n")
+    assert sim_images.digest(tree) != renamed
 
 
 def test_a_file_counts_by_its_contents_and_a_large_one_by_its_size(sim_images, tmp_path):
