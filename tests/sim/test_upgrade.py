@@ -51,14 +51,6 @@ def in_step_report(run) -> str:
     return said[0] if isinstance(said[0], str) else "\n".join(said[0])
 
 
-def serving_tags(node) -> set[str]:
-    return set(
-        on_node(
-            node, "docker", "image", "ls", "--format", "{{.Tag}}", "dgx-spark/vllm-serving"
-        ).stdout.split()
-    )
-
-
 # Either key: test_serving, before this module, leaves the pair on its rotated key.
 KEYS = [KEY, ROTATED]
 
