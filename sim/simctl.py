@@ -374,11 +374,11 @@ def down(purge: bool) -> None:
                 break
             docker("image", "rm", "-f", *sorted(ids), check=False)
             removed |= ids
-        left = docker("image", "ls", "-q", "--filter", f"label={LABEL}").stdout.split()
+        left = set(docker("image", "ls", "-q", "--filter", f"label={LABEL}").stdout.split())
         if removed:
-            log(f"removed {len(removed) - len(set(left))} image(s)")
+            log(f"removed {len(removed - left)} image(s)")
         if left:
-            log(f"could not remove {len(set(left))} image(s): {' '.join(sorted(set(left)))}")
+            log(f"could not remove {len(left)} image(s): {' '.join(sorted(left))}")
         shutil.rmtree(STATE, ignore_errors=True)
 
 
