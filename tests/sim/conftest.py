@@ -47,12 +47,13 @@ drills = _load("drills", ROOT / "benchmarks" / "drills.py")
 # test_monitoring's removal leaves the record's settings behind; test_serving ends on a
 # rotated key; test_upgrade's own deploy.yml is a whole run anyway (it brings the inventory's
 # key back in the restart that moves the ranks) and ends on the new image. The teardown comes
-# last: it removes what serves and deploys again.
+# right before test_monitoring, whose first step is a whole run of deploy.yml anyway: that run
+# brings back what the teardown removed (weights, Ray, serving), so no run of its own does.
 MODULE_ORDER = (
     "test_pair", "test_vllm_registry_info", "test_host_prep", "test_image_inputs",
     "test_model_cache", "test_chat", "test_weights", "test_first_start", "test_collective",
-    "test_operate", "test_rerun", "test_firewall", "test_monitoring", "test_recovery",
-    "test_serving", "test_upgrade", "test_teardown",
+    "test_operate", "test_rerun", "test_firewall", "test_teardown", "test_monitoring",
+    "test_recovery", "test_serving", "test_upgrade",
 )  # fmt: skip
 
 

@@ -65,18 +65,20 @@ def wait_for(what: str, check, timeout: float, step: float = 2.0):
 
 
 @pytest.fixture(scope="module")
-def monitored(sim, serving_pair):
-    """The pair deployed with monitoring on (a whole run, whatever the record says);
-    monitoring removed again afterwards."""
+def monitored(sim, nodes):
+    """The pair deployed with monitoring on (a whole run, whatever the record says: it also
+    brings back what test_teardown, the module before, removed); monitoring removed again
+    afterwards."""
     sim.monitoring(build_only=False)
     run = run_playbook("deploy.yml", *ON)
     assert run.rc == 0, run.failures() or run.raw[-4000:]
     print(f"\ndeploy.yml with spark_monitoring=true: {run.seconds:.0f}s")
-    yield serving_pair
+    assert _answers(nodes), "the pair does not serve after deploy.yml"
+    yield nodes
     off = run_playbook("playbooks/monitoring.yml", "-e", "spark_monitoring=false",
                        "-e", "monitoring_purge_data=true")  # fmt: skip
     assert off.rc == 0, off.failures() or off.raw[-4000:]
-    for node in serving_pair:
+    for node in nodes:
         names = on_node(node, "docker", "ps", "-a", "--format", "{{.Names}}").stdout.split()
         assert not {"dgx-spark-prometheus", "dgx-spark-node-exporter"} & set(names), node.name
         table = on_node(node, "nft", "list", "table", "inet", "dgx_spark").stdout

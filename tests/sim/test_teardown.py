@@ -1,9 +1,10 @@
 """playbooks/teardown.yml on the simulated pair: with -e teardown_remove_weights=true every
 container the collection made (serving, watchdog, Ray, monitoring) and the weights leave both
 nodes, while the images and the host preparation (comm.env) stay. The module takes the pair
-as it serves with the inventory's key (the last module: test_upgrade leaves it on its new
-image), and restores it afterwards, whatever happens: deploy.yml runs again for the stages
-the teardown removed (model, ray, serve)."""
+as it serves with the inventory's key, and leaves it torn down: the module after it
+(test_monitoring) starts with a whole run of deploy.yml, which places the weights again and
+brings Ray and serving back, and requires the pair to answer after it; a module that needs
+the pair serving and finds it torn down deploys it first (conftest's serving_pair)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,6 @@ COMM_ENV = "/etc/dgx-spark/comm.env"
 SERVING_ALIAS = "dgx-spark/vllm-serving:current"
 CONTAINERS = ("dgx-spark-vllm", "dgx-spark-ray")
 COMPONENT_LABEL = "dgx_spark.cluster.component"
-REMOVED_STAGES = "model,ray,serve"
 
 
 def failures(report: dict) -> list[str]:
@@ -59,17 +59,11 @@ def node_state(host) -> dict:
 
 @pytest.fixture(scope="module")
 def teardown(serving_pair, hosts):
-    """The serving pair (deployed first when it does not answer), torn down with the weights,
-    then deployed again."""
+    """The serving pair (deployed first when it does not answer), torn down with the weights."""
     before = {name: node_state(host) for name, host in hosts.items()}
-    try:
-        report = playbook("playbooks/teardown.yml", "-e", "teardown_remove_weights=true")
-        after = {name: node_state(host) for name, host in hosts.items()}
-        yield before, report, after
-    finally:
-        restored = playbook("deploy.yml", "--tags", REMOVED_STAGES)
-        print(f"\nteardown: deploy.yml --tags {REMOVED_STAGES} restored in {restored['seconds']}s")
-        assert restored["rc"] == 0, failures(restored)
+    report = playbook("playbooks/teardown.yml", "-e", "teardown_remove_weights=true")
+    after = {name: node_state(host) for name, host in hosts.items()}
+    return before, report, after
 
 
 def test_deployment_was_there(teardown):

@@ -8,8 +8,7 @@ The module takes the pair as it serves, with the inventory's key or test_serving
 one: its own deploy.yml is a whole run, which brings the inventory's key back in the same
 restart. Afterwards the donor tag names the inventory's donor again, but the pair keeps
 serving the image built from the test's donor: the next deploy.yml moves it back (a whole
-run and a restart that no later module needs; test_teardown comes after, and removes what
-serves).
+run and a restart that no later module needs: this module comes last).
 """
 
 from __future__ import annotations
