@@ -11,7 +11,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 PHASES  := python3 benchmarks/phases.py
 export DGX_SPARK_PHASES ?= $(CURDIR)/.cache/phases.log
 
-.PHONY: help bootstrap venv lint unit sanity checks sim-up sim-down sim-clean sim-test molecule test test-drills demo teardown build timed-checks timed-sim-up timed-monitoring-image molecule-scenarios
+.PHONY: help bootstrap venv lint unit sanity checks sim-up sim-down sim-clean sim-test molecule test test-drills demo teardown build timed-checks timed-sim-up molecule-scenarios
 
 help:
 	@echo "make demo      bring the simulated pair up and run deploy.yml on it"
@@ -91,20 +91,17 @@ checks: lint unit sanity
 timed-checks:
 	$(PHASES) run checks -- $(MAKE) --no-print-directory -j3 --output-sync=target checks
 
+# With the monitoring image (promtool for test_alert_rules, Prometheus for test_monitoring),
+# made during the pair's start, beside the checks, instead of in the sim tests' time. The demo
+# does without it.
 timed-sim-up:
-	$(PHASES) run sim-up -- $(PY) sim/simctl.py up
-
-# The monitoring image (promtool for test_alert_rules, Prometheus for test_monitoring): a
-# debootstrap of its own, mostly downloads, made beside the checks and the pair's start
-# instead of in the sim tests' time. The demo does without it.
-timed-monitoring-image:
-	$(PHASES) run monitoring-image -- $(PY) sim/simctl.py monitoring --build-only
+	$(PHASES) run sim-up -- $(PY) sim/simctl.py up --monitoring-image
 
 test:
 	@$(PHASES) begin
 	$(PHASES) run bootstrap -- tools/bootstrap.sh
 	$(PHASES) run venv -- $(MAKE) --no-print-directory venv
-	$(PHASES) run checks+sim-up -- $(MAKE) --no-print-directory -j3 timed-checks timed-sim-up timed-monitoring-image
+	$(PHASES) run checks+sim-up -- $(MAKE) --no-print-directory -j2 timed-checks timed-sim-up
 	$(PHASES) run molecule -- $(MAKE) --no-print-directory molecule-scenarios
 	$(PHASES) run sim-test -- $(SIM_TESTS) -m "not drill"
 	@$(PHASES) table

@@ -111,6 +111,7 @@ def build_rootfs_image(tag: str, packages: list[str]) -> str:
             "debootstrap is missing: install it (apt-get install debootstrap) and rerun."
         )
     log(f"{tag}: debootstrap {DEBIAN_SUITE} with {len(packages)} packages")
+    started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="dgxsim-rootfs-") as tmp:
         rootfs = Path(tmp) / "rootfs"
         cmd = [
@@ -136,6 +137,7 @@ def build_rootfs_image(tag: str, packages: list[str]) -> str:
             "--change", "CMD [\"/bin/bash\"]", "-", tag, stdin=tar.stdout,
         )  # fmt: skip
         tar.wait()
+    log(f"{tag}: built in {time.monotonic() - started:.0f}s")
     return inputs
 
 

@@ -135,3 +135,35 @@ def test_purge_removes_a_base_left_behind_by_the_image_over_it(
     simctl.down(purge=True)
     assert list(store.iterdir()) == []
     assert "[sim] removed 3 image(s)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("asked", [True, False])
+def test_up_builds_the_monitoring_image_after_the_node_image_only_when_asked(
+    simctl, monkeypatch, asked
+):
+    """`make test` asks for the monitoring image at the pair's start: its debootstrap begins
+    once the node image (which every later step waits on) is made, and ends before the loads;
+    the demo's plain `up` builds none."""
+    calls: list[str] = []
+
+    def record(name, result=None):
+        def step(*args, **kwargs):
+            calls.append(name if name != "rootfs" else f"rootfs {args[0]}")
+            return result
+
+        return step
+
+    for name in ("preflight", "probe_capabilities", "ensure_networks", "ensure_node",
+                 "build_donor_image", "build_cluster_image", "wait_ready", "authorize",
+                 "write_known_hosts", "load_into_nodes", "finish_tiny_model",
+                 "start_fixture_inputs", "start_tiny_model", "image_id"):  # fmt: skip
+        monkeypatch.setattr(simctl, name, record(name))
+    monkeypatch.setattr(simctl, "build_node_image", record("build_node_image", "node"))
+    monkeypatch.setattr(simctl, "build_rootfs_image", record("rootfs"))
+    monkeypatch.setattr(simctl, "ssh_key", record("ssh_key", simctl.Path("/nonexistent/key")))
+    simctl.up(monitoring_image=asked)
+    monitoring = f"rootfs {simctl.MONITORING_IMAGE}"
+    assert (monitoring in calls) is asked, calls
+    if asked:
+        assert calls.index("build_node_image") < calls.index(monitoring), calls
+        assert calls.index(monitoring) < calls.index("load_into_nodes"), calls
