@@ -226,14 +226,26 @@ def _answers(nodes) -> bool:
     return endpoint.complete(serve["vllm_serve_served_model_name"], "spark").ok
 
 
+# Where the modules' own deploy.yml runs say why they ran every stage (or that the pair was in
+# step): a whole run costs a minute or more, and `make test` shows no passing test's output.
+DEPLOYS_LOG = ROOT / ".cache" / "sim-test-deploys.log"
+
+
 @pytest.fixture(scope="module")
-def deployed_pair(sim, nodes):
+def deployed_pair(request, sim, nodes):
     """The pair serving the inventory's deployment, for each module that needs it whatever ran
     before: deploy.yml runs every time (seconds when the pair is in step with the inventory; a
-    full deploy on a fresh pair, or where an earlier module left something else)."""
+    full deploy on a fresh pair, or where an earlier module left something else). Its seconds
+    and the in-step check's words go to DEPLOYS_LOG."""
     run = run_playbook("deploy.yml")
     assert run.rc == 0, run.failures() or run.raw[-4000:]
-    print(f"\ndeploy.yml for {len(nodes)} nodes before the module: {run.seconds:.0f}s")
+    said = [r.get("msg", "") for name, _h, r in run.results() if name == "Report it"]
+    why = "\n  ".join(said[0] if said and isinstance(said[0], list) else said)
+    line = f"{request.module.__name__}: deploy.yml {run.seconds:.0f}s: {why}"
+    print(f"\n{line}")
+    DEPLOYS_LOG.parent.mkdir(exist_ok=True)
+    with DEPLOYS_LOG.open("a", encoding="utf-8") as log:
+        log.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {line}\n")
     assert _answers(nodes), "the pair does not serve after deploy.yml"
     return nodes
 
