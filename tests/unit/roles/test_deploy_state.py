@@ -75,6 +75,28 @@ def test_record_on_a_run_that_is_not_full_writes_nothing(tmp_path):
     ), out
 
 
+@pytest.mark.parametrize(
+    ("run_tags", "skip_tags", "check", "full"),
+    [
+        (["all"], [], False, True),
+        # Molecule's converge: tags no task carries, every stage still runs.
+        (["all"], ["molecule-notest", "notest"], False, True),
+        (["all"], ["notest", "vllm_serve"], False, False),
+        (["serve"], [], False, False),
+        (["all"], [], True, False),
+    ],
+)
+def test_what_counts_as_a_full_run(run_tags, skip_tags, check, full):
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.template import Templar, trust_as_template
+
+    expr = yaml.safe_load((ROLE / "vars/main.yml").read_text())["_deploy_state_full_run"]
+    facts = {"ansible_run_tags": run_tags, "ansible_skip_tags": skip_tags,
+             "ansible_check_mode": check}  # fmt: skip
+    templar = Templar(loader=DataLoader(), variables=facts)
+    assert templar.template(trust_as_template(expr)) is full
+
+
 def test_the_guard_and_the_record_play_read_the_roles_fact():
     guard = (ROOT / "playbooks/tasks/in_step_guard.yml").read_text()
     record = yaml.safe_load((ROOT / "playbooks/record.yml").read_text())
