@@ -11,7 +11,7 @@ import pytest
 from conftest import run_playbook
 
 STAGE_TASKS = (  # one task of each stage that a full run always runs
-    "Validate the settings of each stage against its argument spec",
+    "Validate the settings of host_prep against its argument spec",
     "Start the Ray container",
     "Ask the running pair for one token",
 )
