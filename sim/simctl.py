@@ -321,6 +321,14 @@ def write_known_hosts(nodes: list[Node]) -> None:
     )
 
 
+def cluster_into_nodes(fixture_inputs, nodes: list[Node]) -> None:
+    """The cluster image built, then loaded into every node once its dockerd answers."""
+    build_cluster_image(fixture_inputs)
+    for node in nodes:
+        wait_ready(node)
+    load_into_nodes(CLUSTER_IMAGE, nodes)
+
+
 def up(monitoring_image: bool = False) -> None:
     started = time.monotonic()
     nodes = read_nodes()
@@ -328,8 +336,10 @@ def up(monitoring_image: bool = False) -> None:
     preflight(cold=cold)
     key = ssh_key()
     # On a fresh machine: the fixtures' Debian base, wheels and source tree are made while the
-    # node image is; the tiny model trains while the cluster image builds and the images load.
-    with ThreadPoolExecutor(max_workers=4, thread_name_prefix="sim") as pool:
+    # node image is; the cluster image (small) is built and loaded into the nodes while the
+    # donor builds (its pip install holds one core); the tiny model trains while the donor
+    # loads.
+    with ThreadPoolExecutor(max_workers=6, thread_name_prefix="sim") as pool:
         fixture_inputs = start_fixture_inputs(pool)
         node_image = build_node_image()
         # Its debootstrap after the node image's, which every later step waits on: a third
@@ -343,17 +353,16 @@ def up(monitoring_image: bool = False) -> None:
         ensure_networks()
         for node in nodes:
             ensure_node(node, node_image)
+        cluster_job = pool.submit(cluster_into_nodes, fixture_inputs, nodes)
         build_donor_image(fixture_inputs)
         model = start_tiny_model()
-        build_cluster_image(fixture_inputs)
+        cluster_job.result()
+        load_into_nodes(DONOR_IMAGE, nodes)
         if monitoring_job is not None:
             monitoring_job.result()
     for node in nodes:
-        wait_ready(node)
         authorize(node, key.with_suffix(".pub"))
     write_known_hosts(nodes)
-    for image in (CLUSTER_IMAGE, DONOR_IMAGE):
-        load_into_nodes(image, nodes)
     finish_tiny_model(model)
     log(
         f"pair up in {time.monotonic() - started:.0f}s: "

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import textwrap
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -137,18 +138,20 @@ def test_purge_removes_a_base_left_behind_by_the_image_over_it(
     assert "[sim] removed 3 image(s)" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("asked", [True, False])
-def test_up_builds_the_monitoring_image_after_the_node_image_only_when_asked(
-    simctl, monkeypatch, asked
-):
-    """`make test` asks for the monitoring image at the pair's start: its debootstrap begins
-    once the node image (which every later step waits on) is made, and ends before the loads;
-    the demo's plain `up` builds none."""
+@pytest.fixture()
+def up_steps(simctl, monkeypatch):
+    """simctl.up with every step a stand-in that records its name (a load: with its image, a
+    debootstrap: with its tag), in the order they ran."""
     calls: list[str] = []
 
     def record(name, result=None):
         def step(*args, **kwargs):
-            calls.append(name if name != "rootfs" else f"rootfs {args[0]}")
+            if name == "rootfs":
+                calls.append(f"rootfs {args[0]}")
+            elif name == "load_into_nodes":
+                calls.append(f"load {args[0]}")
+            else:
+                calls.append(name)
             return result
 
         return step
@@ -161,9 +164,54 @@ def test_up_builds_the_monitoring_image_after_the_node_image_only_when_asked(
     monkeypatch.setattr(simctl, "build_node_image", record("build_node_image", "node"))
     monkeypatch.setattr(simctl, "build_rootfs_image", record("rootfs"))
     monkeypatch.setattr(simctl, "ssh_key", record("ssh_key", simctl.Path("/nonexistent/key")))
+    return SimpleNamespace(calls=calls, record=record)
+
+
+@pytest.mark.parametrize("asked", [True, False])
+def test_up_builds_the_monitoring_image_after_the_node_image_only_when_asked(
+    simctl, up_steps, asked
+):
+    """`make test` asks for the monitoring image at the pair's start: its debootstrap begins
+    once the node image (which every later step waits on) is made, and ends before the pair is
+    said to be up; the demo's plain `up` builds none."""
     simctl.up(monitoring_image=asked)
+    calls = up_steps.calls
     monitoring = f"rootfs {simctl.MONITORING_IMAGE}"
     assert (monitoring in calls) is asked, calls
     if asked:
         assert calls.index("build_node_image") < calls.index(monitoring), calls
-        assert calls.index(monitoring) < calls.index("load_into_nodes"), calls
+        assert calls.index(monitoring) < calls.index("finish_tiny_model"), calls
+
+
+def test_up_loads_the_cluster_image_into_the_nodes_while_the_donor_builds(
+    simctl, up_steps, monkeypatch
+):
+    """The cluster image is small: it is built, and loaded once each node's dockerd answers,
+    during the donor's build (a donor that waits for that load would otherwise never end).
+    The donor is loaded once built, the tiny model training meanwhile."""
+    import threading
+
+    cluster_loaded = threading.Event()
+    load = up_steps.record("load_into_nodes")
+
+    def load_into_nodes(image, nodes):
+        load(image, nodes)
+        if image == simctl.CLUSTER_IMAGE:
+            cluster_loaded.set()
+
+    def build_donor_image(_inputs):
+        assert cluster_loaded.wait(10), "the cluster image waited for the donor"
+        up_steps.calls.append("build_donor_image")
+
+    monkeypatch.setattr(simctl, "load_into_nodes", load_into_nodes)
+    monkeypatch.setattr(simctl, "build_donor_image", build_donor_image)
+    simctl.up()
+    calls = up_steps.calls
+    cluster, donor = f"load {simctl.CLUSTER_IMAGE}", f"load {simctl.DONOR_IMAGE}"
+    assert calls.count(cluster) == calls.count(donor) == 1, calls
+    first_ready = calls.index("wait_ready")
+    assert calls.index("ensure_node") < calls.index("build_cluster_image") < first_ready
+    assert calls[first_ready : calls.index(cluster)].count("wait_ready") == 2, calls
+    assert calls.index(cluster) < calls.index("build_donor_image") < calls.index(donor), calls
+    assert calls.index("start_tiny_model") < calls.index(donor) < calls.index("finish_tiny_model")
+    assert calls.index(donor) < calls.index("authorize"), calls
