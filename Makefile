@@ -11,7 +11,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 PHASES  := python3 benchmarks/phases.py
 export DGX_SPARK_PHASES ?= $(CURDIR)/.cache/phases.log
 
-.PHONY: help bootstrap venv lint unit sanity checks sim-up sim-down sim-clean sim-test molecule test test-drills demo teardown build timed-checks timed-sim-up-molecule molecule-scenarios
+.PHONY: help bootstrap venv lint unit sanity checks sim-up sim-down sim-clean sim-test molecule test test-drills demo teardown build timed-checks timed-sim-up molecule-scenarios
 
 help:
 	@echo "make demo      bring the simulated pair up and run deploy.yml on it"
@@ -84,29 +84,25 @@ molecule-scenarios:
 
 checks: lint unit sanity
 
-# The checks (lint, unit and sanity: CPU only) run beside the pair's start and molecule, at a
-# lower CPU priority (nice 10): those two wait on downloads, Docker and each task's round trip
-# and leave a core idle much of the time, which the checks take, while they keep the cores
-# they need (at equal priority the checks slowed the pair's start by minutes). lint, unit and
-# sanity share nothing: all three at once, each one's output whole once it ends. The sim
-# tests start once both sides are done, with the cores to themselves (some judge time).
+# The checks (CPU) and the pair's start (downloads, image builds and loads) at once. lint, unit
+# and sanity share nothing, and one alone leaves a core idle while sim-up waits on Docker: all
+# three at once (each one's output whole, once it ends). The pair's start prints its steps as
+# they come (no --output-sync around it, which would hold them to its end).
 timed-checks:
-	nice -n 10 $(PHASES) run checks -- $(MAKE) --no-print-directory -j3 --output-sync=target checks
+	$(PHASES) run checks -- $(MAKE) --no-print-directory -j3 --output-sync=target checks
 
-# The pair's start, then molecule on it. The pair's start prints its steps as they come (no
-# --output-sync around it, which would hold them to its end). With the monitoring image
-# (promtool for test_alert_rules, Prometheus for test_monitoring), made during the pair's
-# start instead of in the sim tests' time; the demo does without it. molecule's default
-# scenario first: on a pair that has never served, its converge is the pair's first deploy.
-timed-sim-up-molecule:
+# With the monitoring image (promtool for test_alert_rules, Prometheus for test_monitoring),
+# made during the pair's start, beside the checks, instead of in the sim tests' time. The demo
+# does without it.
+timed-sim-up:
 	$(PHASES) run sim-up -- $(PY) sim/simctl.py up --monitoring-image
-	$(PHASES) run molecule -- $(MAKE) --no-print-directory molecule-scenarios
 
 test:
 	@$(PHASES) begin
 	$(PHASES) run bootstrap -- tools/bootstrap.sh
 	$(PHASES) run venv -- $(MAKE) --no-print-directory venv
-	$(PHASES) run checks+sim-up+molecule -- $(MAKE) --no-print-directory -j2 timed-checks timed-sim-up-molecule
+	$(PHASES) run checks+sim-up -- $(MAKE) --no-print-directory -j2 timed-checks timed-sim-up
+	$(PHASES) run molecule -- $(MAKE) --no-print-directory molecule-scenarios
 	$(PHASES) run sim-test -- $(SIM_TESTS) -m "not drill"
 	@$(PHASES) table
 
