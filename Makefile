@@ -11,7 +11,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 PHASES  := python3 benchmarks/phases.py
 export DGX_SPARK_PHASES ?= $(CURDIR)/.cache/phases.log
 
-.PHONY: help bootstrap venv lint unit sanity checks sim-up sim-down sim-clean sim-test molecule test test-drills demo teardown build timed-checks timed-sim-up molecule-scenarios
+.PHONY: help bootstrap venv lint unit sanity checks sim-up sim-down sim-clean sim-test molecule test test-drills demo teardown build timed-unit timed-sim-up molecule-scenarios test-lint-sanity test-on-the-pair
 
 help:
 	@echo "make demo      bring the simulated pair up and run deploy.yml on it"
@@ -89,27 +89,35 @@ molecule-scenarios:
 
 checks: lint unit sanity
 
-# The checks (CPU) and the pair's start (downloads, image builds and loads) at once. lint, unit
-# and sanity share nothing, and one alone leaves a core idle while sim-up waits on Docker: all
-# three at once (each one's output whole, once it ends). The pair's start prints its steps as
-# they come (no --output-sync around it, which would hold them to its end).
-timed-checks:
-	$(PHASES) run checks -- $(MAKE) --no-print-directory -j3 --output-sync=target checks
-
-# With the monitoring image (promtool for test_alert_rules, Prometheus for test_monitoring),
-# made during the pair's start, beside the checks, instead of in the sim tests' time. The demo
-# does without it.
-timed-sim-up:
-	$(PHASES) run sim-up -- $(PY) sim/simctl.py up --monitoring-image
-
+# lint and sanity (CPU only, nothing that times itself) at the lowest CPU priority, in their own
+# session, beside everything on the pair: they take the CPU that the pair's start and tests
+# leave idle (waits on downloads, loads, SSH and vLLM) instead of slowing them. -k: one side
+# failing does not stop the other, and make fails at the end.
 test:
 	@$(PHASES) begin
 	$(PHASES) run bootstrap -- tools/bootstrap.sh
 	$(PHASES) run venv -- $(MAKE) --no-print-directory venv
-	$(PHASES) run checks+sim-up -- $(MAKE) --no-print-directory -j2 timed-checks timed-sim-up
+	$(MAKE) --no-print-directory -k -j2 test-lint-sanity test-on-the-pair
+	@$(PHASES) table
+
+# Each one's output whole, once it ends.
+test-lint-sanity:
+	$(PHASES) run --lowest-priority lint+sanity -- $(MAKE) --no-print-directory -j2 --output-sync=target lint sanity
+
+# The unit tests beside the pair's start (which waits on Docker and downloads), at equal
+# priority: some of them time a child process. The pair's start prints its steps as they come.
+test-on-the-pair:
+	$(PHASES) run unit+sim-up -- $(MAKE) --no-print-directory -j2 timed-unit timed-sim-up
 	$(PHASES) run molecule -- $(MAKE) --no-print-directory molecule-scenarios
 	$(PHASES) run sim-test -- $(SIM_TESTS) -m "not drill"
-	@$(PHASES) table
+
+timed-unit:
+	$(PHASES) run unit -- $(MAKE) --no-print-directory -j2 --output-sync=target unit
+
+# With the monitoring image (promtool for test_alert_rules, Prometheus for test_monitoring),
+# made during the pair's start instead of in the sim tests' time. The demo does without it.
+timed-sim-up:
+	$(PHASES) run sim-up -- $(PY) sim/simctl.py up --monitoring-image
 
 demo:
 	@$(PHASES) begin

@@ -4,6 +4,10 @@
     phases.py run NAME -- COMMAND...   run COMMAND as the phase NAME: says when it starts, a
                                        line every 30 s while it runs, and its seconds at the
                                        end; appends that line to $DGX_SPARK_PHASES if set
+    phases.py run --lowest-priority NAME -- COMMAND...
+                                       the same, with COMMAND in a session of its own at the
+                                       lowest CPU priority: beside other phases, it takes only
+                                       the CPU they leave idle (shown in the table, not summed)
     phases.py begin                    empty $DGX_SPARK_PHASES (unless an outer script already
                                        began it: DGX_SPARK_PHASES_OUTER=1)
     phases.py table [LOG...]           the table of phases found in LOGs (default
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -25,6 +30,7 @@ import time
 from pathlib import Path
 
 HEARTBEAT_S = 30
+BESIDE = "beside the others at the lowest priority"
 # "[phase] sim-up: 123.4 s (ok)" / "[phase] lint: 3.0 s (failed, rc 2)"
 PHASE_DONE = re.compile(
     r"^\[phase\] (?P<name>[\w.+-]+): (?P<seconds>\d+(?:\.\d+)?) s \((?P<how>[^)]*)\)"
@@ -50,10 +56,33 @@ def say(line: str) -> None:
             out.write(line + "\n")
 
 
-def run(name: str, command: list[str]) -> int:
+def lowest_priority() -> None:
+    """In the child, before its command: the lowest CPU priority for its whole session. Where
+    the kernel shares CPU time between sessions first (sched_autogroup), a nice value only
+    counts against the same session's processes, so the session's own weight is lowered too
+    (/proc/self/autogroup, once the child leads a session of its own)."""
+    try:
+        with open("/proc/self/autogroup", "w") as autogroup:
+            autogroup.write("19")
+    except OSError:
+        pass  # no autogroup: the nice value alone weighs against every process
+    os.nice(19)
+
+
+def run(name: str, command: list[str], lowest: bool = False) -> int:
     """Run one phase; its output passes through untouched."""
     started = time.monotonic()
-    say(f"[phase] {name}: started")
+    say(f"[phase] {name}: started" + (f" ({BESIDE})" if lowest else ""))
+    parent = os.environ.get("DGX_SPARK_PHASE_PARENT")
+    if lowest:  # a stop of this phase stops its session too (below)
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    # Started before the heartbeat's thread: a preexec_fn is safe only while there is none.
+    proc = subprocess.Popen(
+        command,
+        env={**os.environ, "DGX_SPARK_PHASE_PARENT": name},
+        start_new_session=lowest,
+        preexec_fn=lowest_priority if lowest else None,  # noqa: PLW1509
+    )
     done = threading.Event()
 
     def heartbeat() -> None:
@@ -62,15 +91,24 @@ def run(name: str, command: list[str]) -> int:
 
     beat = threading.Thread(target=heartbeat, daemon=True)
     beat.start()
-    parent = os.environ.get("DGX_SPARK_PHASE_PARENT")
     try:
-        rc = subprocess.call(command, env={**os.environ, "DGX_SPARK_PHASE_PARENT": name})
+        rc = proc.wait()
+    except BaseException:
+        # Its own session does not get the terminal's interrupt: stop all of it here.
+        if lowest:
+            os.killpg(proc.pid, signal.SIGTERM)
+        else:
+            proc.kill()
+        proc.wait()
+        raise
     finally:
         done.set()
     seconds = time.monotonic() - started
     how = "ok" if rc == 0 else f"failed, rc {rc}"
-    # A phase inside another (run in parallel with its siblings) is shown, not summed.
+    # A phase inside another (run in parallel with its siblings) is shown, not summed; so is
+    # one at the lowest priority, beside the others.
     how += f", within {parent}" if parent else ""
+    how += f", {BESIDE}" if lowest else ""
     say(f"[phase] {name}: {seconds:.1f} s ({how})")
     return rc
 
@@ -81,7 +119,7 @@ def parse(text: str) -> list[tuple[str, float, str]]:
     for line in text.splitlines():
         phase = PHASE_DONE.match(line.strip())
         if phase:
-            inner = ", within " in phase["how"]
+            inner = ", within " in phase["how"] or f", {BESIDE}" in phase["how"]
             name = f"  {phase['name']}" if inner else phase["name"]
             rows.append((name, float(phase["seconds"]), phase["how"]))
             continue
@@ -100,7 +138,7 @@ def table(rows: list[tuple[str, float, str]]) -> str:
     lines = [f"{'phase'.ljust(width)}  {'seconds':>8}  {'min':>5}  result"]
     total = 0.0
     for name, seconds, how in rows:
-        if how != "step" and ", within " not in how:
+        if how != "step" and ", within " not in how and f", {BESIDE}" not in how:
             total += seconds
         lines.append(f"{name.ljust(width)}  {seconds:8.1f}  {seconds / 60:5.1f}  {how}")
     lines.append(f"{'total (phases)'.ljust(width)}  {total:8.1f}  {total / 60:5.1f}")
@@ -110,7 +148,9 @@ def table(rows: list[tuple[str, float, str]]) -> str:
 def main(argv: list[str]) -> int:
     if len(argv) >= 3 and argv[0] == "run" and "--" in argv:
         split = argv.index("--")
-        return run(argv[1], argv[split + 1 :])
+        options, name = argv[1 : split - 1], argv[split - 1]
+        if split >= 2 and options in ([], ["--lowest-priority"]):
+            return run(name, argv[split + 1 :], lowest=bool(options))
     if argv[:1] == ["begin"]:
         path = log_file()
         if path is not None and os.environ.get("DGX_SPARK_PHASES_OUTER") != "1":

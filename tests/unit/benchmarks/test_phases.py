@@ -4,8 +4,11 @@ read back from a log."""
 from __future__ import annotations
 
 import importlib.util
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -23,6 +26,7 @@ LOG = """\
 [phase] sim-up: 420.0 s (ok, within checks+sim-up)
 [phase] checks+sim-up: 421.0 s (ok)
 [phase] sim-test: 1800.0 s (failed, rc 1)
+[phase] lint+sanity: 900.0 s (ok, beside the others at the lowest priority)
 """
 
 
@@ -37,9 +41,11 @@ def test_the_table_sums_only_the_outer_phases():
         "  sim-up",
         "checks+sim-up",
         "sim-test",
+        "  lint+sanity",
     ]
     text = phases.table(rows)
-    # 301.2 + 95 + 421 + 1800: the parallel phases and the sim's steps are shown, not summed.
+    # 301.2 + 95 + 421 + 1800: the parallel phases, the one beside them at the lowest priority
+    # and the sim's steps are shown, not summed.
     assert text.splitlines()[-1].split()[-2:] == ["2617.2", "43.6"]
     assert "failed, rc 1" in text
 
@@ -78,3 +84,67 @@ def test_begin_empties_the_log_unless_an_outer_script_began_it(tmp_path):
     assert log.read_text() != ""
     subprocess.run([sys.executable, str(SCRIPT), "begin"], env=env, check=True)
     assert log.read_text() == ""
+
+
+# The child's session, process group and nice value, and its autogroup's where the kernel has
+# one (``/autogroup-N nice K``).
+SHOW = (
+    "import os; a = open('/proc/self/autogroup').read().split() "
+    "if os.path.exists('/proc/self/autogroup') else ['-', '-', '-']; "
+    "print(os.getsid(0), os.getpgid(0), os.getpriority(os.PRIO_PROCESS, 0), a[-1])"
+)
+
+
+def test_the_lowest_priority_runs_in_a_session_of_its_own_shown_beside(tmp_path):
+    log = tmp_path / "phases.log"
+    env = {"DGX_SPARK_PHASES": str(log), "PATH": "/usr/bin:/bin"}
+    run = subprocess.run(
+        [sys.executable, str(SCRIPT), "run", "--lowest-priority", "lint", "--",
+         sys.executable, "-c", SHOW],
+        capture_output=True, text=True, env=env, check=False,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.splitlines()
+    assert lines[0] == "[phase] lint: started (beside the others at the lowest priority)"
+    sid, pgid, nice, group_nice = lines[1].split()
+    # Its own session, led by the command itself: not this test's.
+    assert sid == pgid != str(os.getsid(0))
+    assert int(nice) == 19
+    assert group_nice in ("19", "-"), lines[1]
+    assert lines[-1].endswith(" s (ok, beside the others at the lowest priority)")
+    assert phases.parse(log.read_text())[0][0] == "  lint"
+    # Without the option the command stays in the caller's session, at its priority.
+    plain = subprocess.run(
+        [sys.executable, str(SCRIPT), "run", "unit", "--", sys.executable, "-c", SHOW],
+        capture_output=True, text=True, env=env, check=False,
+    )  # fmt: skip
+    assert plain.stdout.splitlines()[1].split()[0] == str(os.getsid(0))
+
+
+def test_stopping_a_lowest_priority_phase_stops_its_whole_session(tmp_path):
+    marker = tmp_path / "child.pid"
+    proc = subprocess.Popen(
+        [sys.executable, str(SCRIPT), "run", "--lowest-priority", "long", "--",
+         "sh", "-c", f"sleep 300 & echo $! > {marker}; wait"],
+        stdout=subprocess.PIPE, text=True, env={"PATH": "/usr/bin:/bin"},
+    )  # fmt: skip
+    deadline = time.monotonic() + 30
+    while not (marker.exists() and marker.read_text().strip()):
+        assert time.monotonic() < deadline, "the phase's command did not start"
+        time.sleep(0.1)
+    sleeper = int(marker.read_text())
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 128 + signal.SIGTERM
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            os.kill(sleeper, 0)
+        except ProcessLookupError:
+            break
+        stat = Path(f"/proc/{sleeper}/stat")
+        # A zombie waiting for its parent is gone too.
+        if stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] == "Z":
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError(f"the phase's grandchild {sleeper} outlived the phase")
