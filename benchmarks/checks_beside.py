@@ -20,32 +20,19 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-BIN = Path(sys.executable).parent
+from noop_rerun import BIN, ROOT, timed
+
 PHASES = ROOT / "benchmarks" / "phases.py"
 CHECKS = ["make", "--no-print-directory", "-j2", "--output-sync=target", "lint", "sanity"]
 # Let lint and sanity start (their first seconds read files) before the run is timed.
 HEAD_START_S = 15
 
 
-def env() -> dict[str, str]:
-    return {
-        **os.environ,
-        "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
-        "PATH": f"{BIN}:{os.environ['PATH']}",
-        "DGX_SPARK_PHASES": "",
-    }
-
-
 def deploy(inventory: str) -> float:
-    cmd = [str(BIN / "ansible-playbook"), "deploy.yml", "-i", inventory, "-e", "deploy_full=true"]
-    started = time.monotonic()
-    proc = subprocess.run(cmd, cwd=ROOT, env=env(), text=True, capture_output=True, check=False)
-    if proc.returncode != 0:
-        sys.exit(f"deploy.yml failed (rc {proc.returncode}):\n{proc.stdout[-3000:]}")
-    return time.monotonic() - started
+    """Seconds of a run of every stage (noop_rerun's timing: it stops here when one fails)."""
+    return timed([str(BIN / "ansible-playbook"), "deploy.yml", "-i", inventory,
+                  "-e", "deploy_full=true"])[0]  # fmt: skip
 
 
 def beside(inventory: str, lowest: bool) -> tuple[float, float]:
@@ -57,7 +44,9 @@ def beside(inventory: str, lowest: bool) -> tuple[float, float]:
         started = time.monotonic()
         checks = subprocess.Popen(
             [sys.executable, str(PHASES), "run", *option, "lint+sanity", "--", *CHECKS],
-            cwd=ROOT, env=env(), stdout=out, stderr=subprocess.STDOUT,
+            # make sets its own PATH and ANSIBLE_CONFIG; this run adds nothing to the phases log.
+            cwd=ROOT, env={**os.environ, "DGX_SPARK_PHASES": ""}, stdout=out,
+            stderr=subprocess.STDOUT,
         )  # fmt: skip
         time.sleep(HEAD_START_S)
         seconds = deploy(inventory)

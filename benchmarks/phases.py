@@ -113,14 +113,19 @@ def run(name: str, command: list[str], lowest: bool = False) -> int:
     return rc
 
 
+def beside_or_within(how: str) -> bool:
+    """A phase run inside another, or beside the others at the lowest priority: the table
+    shows it indented and does not add it to the total."""
+    return ", within " in how or f", {BESIDE}" in how
+
+
 def parse(text: str) -> list[tuple[str, float, str]]:
     """(name, seconds, how) of every phase and sim step in a log, in order."""
     rows = []
     for line in text.splitlines():
         phase = PHASE_DONE.match(line.strip())
         if phase:
-            inner = ", within " in phase["how"] or f", {BESIDE}" in phase["how"]
-            name = f"  {phase['name']}" if inner else phase["name"]
+            name = f"  {phase['name']}" if beside_or_within(phase["how"]) else phase["name"]
             rows.append((name, float(phase["seconds"]), phase["how"]))
             continue
         step = SIM_STEP.match(line.strip())
@@ -138,7 +143,7 @@ def table(rows: list[tuple[str, float, str]]) -> str:
     lines = [f"{'phase'.ljust(width)}  {'seconds':>8}  {'min':>5}  result"]
     total = 0.0
     for name, seconds, how in rows:
-        if how != "step" and ", within " not in how and f", {BESIDE}" not in how:
+        if how != "step" and not beside_or_within(how):
             total += seconds
         lines.append(f"{name.ljust(width)}  {seconds:8.1f}  {seconds / 60:5.1f}  {how}")
     lines.append(f"{'total (phases)'.ljust(width)}  {total:8.1f}  {total / 60:5.1f}")
