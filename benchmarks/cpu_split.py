@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from noop_rerun import BIN, ROOT
+from noop_rerun import BIN, timed
 
 CGROUP = Path("/sys/fs/cgroup")
 # The sim's node containers carry this label (sim/sim_common.py).
@@ -63,8 +63,10 @@ def cgroup_files(root: Path = CGROUP) -> dict[str, Path]:
             continue
         for entry in parent.iterdir():
             cid = entry.name.removeprefix("docker-").removesuffix(".scope")
+            if len(cid) != 64:
+                continue
             for name in ("cpuacct.usage", "cpu.stat"):
-                if len(cid) == 64 and (entry / name).is_file():
+                if (entry / name).is_file():
                     found[cid] = entry / name
                     break
     return found
@@ -131,22 +133,17 @@ def main() -> int:
     files = cgroup_files()
     if not files:
         sys.exit(f"no container cgroups under {CGROUP}: run this as root on the pair's machine")
-    names = container_names()
     before = snapshot(files, hz)
-    started = time.monotonic()
     if args.idle is not None:
         what = f"the pair alone for {args.idle:.0f} s"
         time.sleep(args.idle)
+        wall = args.idle
     else:
         what = " ".join(Path(c).name if c.startswith("/") else c for c in command)
-        env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg")}
-        proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True,
-                              check=False)  # fmt: skip
-        if proc.returncode != 0:
-            sys.exit(f"{what} failed (rc {proc.returncode}):\n{proc.stdout[-3000:]}")
-    wall = time.monotonic() - started
+        wall = timed(command)[0]  # noop_rerun's: it stops here when the command fails
     after = snapshot(cgroup_files(), hz)
-    busy, steal, rows = split(before, after, names)
+    # Named afterwards: a container the run started has a name then.
+    busy, steal, rows = split(before, after, container_names())
     print(f"{what}: {wall:.1f} s wall on {cores} cores")
     share = wall * cores
     print(f"  CPU busy {busy:.1f} s ({busy / share:.0%} of all cores); "
