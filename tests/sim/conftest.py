@@ -34,6 +34,47 @@ sim_common = importlib.import_module("sim_common")
 sim_images = importlib.import_module("sim_images")
 # The fault drills (benchmarks/drills.py), shared by the recovery and serving tests.
 drills = _load("drills", ROOT / "benchmarks" / "drills.py")
+sim_test_runs = _load("sim_test_runs", ROOT / "benchmarks" / "sim_test_runs.py")
+
+# Every Ansible run of the session, a JSON line each (which test, what ran, its seconds and
+# tasks): benchmarks/sim_test_runs.py reads it, and the session's summary prints what it says.
+RUNS_LOG = ROOT / sim_test_runs.DEFAULT_LOG
+
+
+def _log_run(argv: list[str], started: float, seconds: float, rc: int, report) -> None:
+    test, _, phase = os.environ.get("PYTEST_CURRENT_TEST", "? (?)").rpartition(" (")
+    tasks = ran = None
+    if isinstance(report, dict):
+        done = [t for play in report.get("plays", []) for t in play["tasks"]]
+        tasks = len(done)
+        ran = sum(not r.get("skipped") for t in done for r in t["hosts"].values())
+    elif isinstance(report, str):
+        tasks = report.count("\nTASK [")
+    entry = {"test": test.removeprefix("tests/sim/"), "phase": phase.rstrip(")"), "argv": argv,
+             "start": round(started, 1), "seconds": round(seconds, 1), "rc": rc, "tasks": tasks,
+             "ran": ran}  # fmt: skip
+    RUNS_LOG.parent.mkdir(exist_ok=True)
+    with RUNS_LOG.open("a", encoding="utf-8") as log:
+        log.write(json.dumps(entry) + "\n")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _runs_log():
+    """A new log of Ansible runs for each session, closed with the session's end."""
+    RUNS_LOG.parent.mkdir(exist_ok=True)
+    RUNS_LOG.write_text(json.dumps({"session": round(time.time(), 1)}) + "\n", encoding="utf-8")
+    yield
+    with RUNS_LOG.open("a", encoding="utf-8") as log:
+        log.write(json.dumps({"ended": round(time.time(), 1)}) + "\n")
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    if RUNS_LOG.is_file():
+        session, ended, runs = sim_test_runs.read_log(RUNS_LOG.read_text(encoding="utf-8"))
+        terminalreporter.section("Ansible runs of the sim tests (benchmarks/sim_test_runs.py)")
+        terminalreporter.write_line(
+            sim_test_runs.summary(session, runs, now=ended or time.time(), top=10)
+        )
 
 
 # The order the modules run in. Read-only checks and refusals first (host_prep.yml before
@@ -115,10 +156,15 @@ def run_ansible(pattern: str, module: str, args: str = "", *extra: str) -> dict[
     cmd = [str(ANSIBLE_BIN / "ansible"), pattern, "-i", str(INVENTORY), "-m", module, *extra]
     if args:
         cmd += ["-a", args]
+    started, clock = time.time(), time.monotonic()
     proc = subprocess.run(cmd, cwd=ROOT, env=env, text=True, capture_output=True, check=False)
     try:
         report = json.loads(proc.stdout)
     except json.JSONDecodeError:
+        report = None
+    _log_run([pattern, "-m", module, *extra], started, time.monotonic() - clock,
+             proc.returncode, report)  # fmt: skip
+    if report is None:
         pytest.fail(
             f"ansible printed no JSON (rc {proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
         )
@@ -197,11 +243,18 @@ def run_playbook(
             "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1",
         }
     cmd = [str(ANSIBLE_BIN / "ansible-playbook"), path, "-i", str(INVENTORY), *extra]
-    started = time.monotonic()
+    started, clock = time.time(), time.monotonic()
     proc = subprocess.run(
         cmd, cwd=ROOT, env=env, text=True, capture_output=True, timeout=timeout, check=False
     )
-    return PlaybookRun(proc, time.monotonic() - started, json_report)
+    seconds = time.monotonic() - clock
+    try:
+        run = PlaybookRun(proc, seconds, json_report)
+    except BaseException:  # no JSON: pytest.fail, logged first
+        _log_run([path, *extra], started, seconds, proc.returncode, None)
+        raise
+    _log_run([path, *extra], started, seconds, run.rc, run.report if json_report else run.stdout)
+    return run
 
 
 def playbook_report(path: str, *extra: str) -> dict:
