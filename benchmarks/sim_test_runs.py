@@ -69,6 +69,20 @@ def kind(argv: list[str]) -> str:
     return " ".join([*words, *scope, *(["(every stage)"] if full else [])]) or "?"
 
 
+def masked(argv: list[str]) -> list[str]:
+    """``argv`` as the log keeps it: each extra variable by its name alone (a test may pass
+    a key), but for true and false, which `kind` reads."""
+    out, it = [], iter(argv)
+    for arg in it:
+        out.append(arg)
+        if arg in ("-e", "--extra-vars"):
+            value = next(it, "")
+            name, sep, setting = value.partition("=")
+            keep = sep and " " not in value and setting.lower() in ("true", "false")
+            out.append(value if keep else f"{name}=..." if sep and "{" not in name else "...")
+    return out
+
+
 def module_of(test: str) -> str:
     return test.split("::", 1)[0].rsplit("/", 1)[-1].removesuffix(".py") or "?"
 

@@ -50,7 +50,8 @@ def _log_run(argv: list[str], started: float, seconds: float, rc: int, report) -
         ran = sum(not r.get("skipped") for t in done for r in t["hosts"].values())
     elif isinstance(report, str):
         tasks = report.count("\nTASK [")
-    entry = {"test": test.removeprefix("tests/sim/"), "phase": phase.rstrip(")"), "argv": argv,
+    entry = {"test": test.removeprefix("tests/sim/"), "phase": phase.rstrip(")"),
+             "argv": sim_test_runs.masked(argv),
              "start": round(started, 1), "seconds": round(seconds, 1), "rc": rc, "tasks": tasks,
              "ran": ran}  # fmt: skip
     RUNS_LOG.parent.mkdir(exist_ok=True)

@@ -54,6 +54,16 @@ def test_a_run_is_named_by_its_playbook_and_scope_not_its_settings():
     )
 
 
+def test_the_log_keeps_extra_variables_by_name_but_true_and_false():
+    argv = ["deploy.yml", "-e", "vllm_serve_api_key=sk-secret", "-e", "deploy_full=true",
+            "--extra-vars", '{"a": 1}', "-e", "@vars.yml", "--tags", "serve"]  # fmt: skip
+    assert sim_test_runs.masked(argv) == [
+        "deploy.yml", "-e", "vllm_serve_api_key=...", "-e", "deploy_full=true",
+        "--extra-vars", "...", "-e", "...", "--tags", "serve",
+    ]  # fmt: skip
+    assert sim_test_runs.kind(sim_test_runs.masked(argv)) == "deploy.yml --tags serve (every stage)"
+
+
 def test_the_summary_sums_by_module_and_kind_longest_first_with_the_share_inside_ansible():
     runs = [
         run("test_upgrade.py::test_b", ["deploy.yml"], 110.0, 240.0, tasks=420),
