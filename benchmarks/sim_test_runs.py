@@ -2,7 +2,7 @@
 """Where the sim tests' time goes: every Ansible run a session of tests/sim made, from the log
 its conftest writes (.cache/sim-test-runs.jsonl, one JSON object a line), summed by test
 module and by what ran (the playbook with its tags, and whether every stage ran), with the
-longest runs and the share of the session spent inside ansible-playbook.
+longest runs and the share of the session spent inside Ansible.
 
 It answers which runs make `make test` long: on the sim's two cores a task costs about a
 third of a CPU-second, so a whole run of deploy.yml (400-odd tasks) is minutes, and the
