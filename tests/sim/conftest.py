@@ -54,14 +54,19 @@ def _log_run(argv: list[str], started: float, seconds: float, rc: int, report) -
              "argv": sim_test_runs.masked(argv),
              "start": round(started, 1), "seconds": round(seconds, 1), "rc": rc, "tasks": tasks,
              "ran": ran}  # fmt: skip
-    RUNS_LOG.parent.mkdir(exist_ok=True)
     with RUNS_LOG.open("a", encoding="utf-8") as log:
         log.write(json.dumps(entry) + "\n")
 
 
+# Set once this session has started its own log: the summary never reads an older session's.
+_RUNS_LOGGED: list[bool] = []
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _runs_log():
-    """A new log of Ansible runs for each session, closed with the session's end."""
+    """A new log of Ansible runs for each session (before any test runs Ansible), closed with
+    the session's end."""
+    _RUNS_LOGGED.append(True)
     RUNS_LOG.parent.mkdir(exist_ok=True)
     RUNS_LOG.write_text(json.dumps({"session": round(time.time(), 1)}) + "\n", encoding="utf-8")
     yield
@@ -70,7 +75,7 @@ def _runs_log():
 
 
 def pytest_terminal_summary(terminalreporter) -> None:
-    if RUNS_LOG.is_file():
+    if _RUNS_LOGGED:
         session, ended, runs = sim_test_runs.read_log(RUNS_LOG.read_text(encoding="utf-8"))
         terminalreporter.section("Ansible runs of the sim tests (benchmarks/sim_test_runs.py)")
         terminalreporter.write_line(
