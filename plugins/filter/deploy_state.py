@@ -1,13 +1,16 @@
 # Copyright: contributors to the dgx_spark.cluster collection
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""Filters the deploy_state role uses; thin wrappers over
-plugins/module_utils/deploy_state_settings.py (documented in the sidecar YAML files next to
-this one)."""
+"""Filters the deploy_state role and deploy.yml's stage plays use; thin wrappers over
+plugins/module_utils/deploy_state_settings.py and deploy_stages.py (documented in the sidecar
+YAML files next to this one)."""
 
 from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
-from ansible_collections.dgx_spark.cluster.plugins.module_utils import deploy_state_settings
+from ansible_collections.dgx_spark.cluster.plugins.module_utils import (
+    deploy_stages,
+    deploy_state_settings,
+)
 
 
 def deploy_state_setting_errors(settings, defined=None):
@@ -18,8 +21,30 @@ def deploy_state_setting_errors(settings, defined=None):
     return deploy_state_settings.setting_errors(dict(settings), [str(n) for n in defined or []])
 
 
+def _tags(value, name: str) -> list[str]:
+    if isinstance(value, str) or not isinstance(value, (list, tuple, set, frozenset)):
+        raise AnsibleFilterError(f"{name} must be a list of tags, got {type(value).__name__}")
+    return [str(tag) for tag in value]
+
+
+def deploy_stages_reached(run_tags, skip_tags=None):
+    """deploy.yml's stages, in order, whose tasks a run with these tags reaches."""
+    return deploy_stages.stages_reached(
+        _tags(run_tags, "ansible_run_tags"), _tags(skip_tags or [], "ansible_skip_tags")
+    )
+
+
+def deploy_stages_roles(run_tags, skip_tags=None):
+    """The roles whose settings preflight checks for a run with these tags."""
+    return deploy_stages.roles_to_validate(
+        _tags(run_tags, "ansible_run_tags"), _tags(skip_tags or [], "ansible_skip_tags")
+    )
+
+
 class FilterModule:
     def filters(self):
         return {
             "deploy_state_setting_errors": deploy_state_setting_errors,
+            "deploy_stages_reached": deploy_stages_reached,
+            "deploy_stages_roles": deploy_stages_roles,
         }

@@ -72,6 +72,16 @@ def test_a_partial_run_is_never_taken_for_in_step(in_step):
     assert check.rc == 0, check.failures() or check.raw[-3000:]
     assert report(check) == "Running the stages asked for.", report(check)
     assert "Describe and check the head's copy" in ran(check), sorted(ran(check))
+    # Preflight checked the model stage's settings only, and host_prep's play ended at once.
+    assert "Validate the settings of model_cache against its argument spec" in ran(check)
+    assert not ran(check) & {
+        "Validate the settings of host_prep against its argument spec",
+        "Gather the network facts the links are checked against",
+    }, sorted(ran(check))
+    assert (
+        "This run's tags reach the stages model: checking the settings of model_cache, "
+        "deploy_state, operate." in check.messages()
+    ), check.messages()[-3000:]
 
 
 def test_drift_a_rerun_must_see_is_seen_and_repaired(in_step, hosts):
