@@ -64,12 +64,12 @@ def test_the_stages_a_runs_tags_reach(run_tags, skip_tags, stages):
         (["host_prep_firewall"], [], ["host_prep", "deploy_state", "operate"]),
         (["monitoring"], [], ["host_prep", "monitoring", "deploy_state", "operate"]),
         # host_prep skipped, but the monitoring stage still loads its firewall.
-        (["all"], ["host_prep"], [r for r in EVERY_ROLE]),
+        (["all"], ["host_prep"], EVERY_ROLE),
         (
             ["all"],
             ["host_prep", "monitoring"],
             [r for r in EVERY_ROLE if r not in ("host_prep", "monitoring")],
-        ),  # fmt: skip
+        ),
         # Nothing reached: the record's and operate's settings still.
         (["serve"], ["serve"], ["deploy_state", "operate"]),
     ],
