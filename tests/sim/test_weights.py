@@ -44,28 +44,31 @@ def worker_shard(nodes):
         sh(worker, f"cp -p {BACKUP}/{SHARD} {path} && rm -rf {BACKUP}")
 
 
-def serve_with_a_change():
+def serve_with_a_change(*entry: str):
     """A serving run that would restart the group: a setting the ranks start with changes."""
-    return run_playbook(
-        "deploy.yml", "--tags", "serve", "-e", "vllm_serve_max_num_batched_tokens=4096"
-    )
+    return run_playbook(*entry, "-e", "vllm_serve_max_num_batched_tokens=4096")
 
 
+# Each case through one of the serving stage's two entries: deploy.yml's serve tag, where the
+# model stage's play ends at once, and the stage's playbook alone. The refusal on the worker
+# must stop the head too, before it restarts anything.
 @pytest.mark.parametrize(
-    ("damage", "problem"),
+    ("damage", "problem", "entry"),
     [
-        ("rm -f {path}", f"missing (1): {SHARD}"),
+        ("rm -f {path}", f"missing (1): {SHARD}", ("deploy.yml", "--tags", "serve")),
         ("printf broken | dd of={path} bs=1 seek=4096 conv=notrunc status=none",
-         f"SHA-256 differs (1): {SHARD}"),
+         f"SHA-256 differs (1): {SHARD}", ("playbooks/serve.yml",)),
     ],
     ids=["missing", "changed"],
 )  # fmt: skip
-def test_a_broken_worker_copy_is_refused_before_any_rank_restarts(deployed_pair, damage, problem):
+def test_a_broken_worker_copy_is_refused_before_any_rank_restarts(
+    deployed_pair, damage, problem, entry
+):
     nodes = deployed_pair
     before = started(nodes)
     with worker_shard(nodes) as (worker, path):
         sh(worker, damage.format(path=path))
-        run = serve_with_a_change()
+        run = serve_with_a_change(*entry)
         assert run.rc != 0
         message = " ".join(run.failures())
         print(f"\n{message}")
