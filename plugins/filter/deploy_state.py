@@ -27,24 +27,49 @@ def _tags(value, name: str) -> list[str]:
     return [str(tag) for tag in value]
 
 
-def deploy_stages_reached(run_tags, skip_tags=None):
-    """deploy.yml's stages, in order, whose tasks a run with these tags reaches."""
+def deploy_stages_reached(run_tags, skip_tags=None, first=""):
+    """deploy.yml's stages, in order, whose tasks a run with these tags reaches, from ``first``
+    (the in-step check's earliest stage with anything to do) on."""
     return deploy_stages.stages_reached(
-        _tags(run_tags, "ansible_run_tags"), _tags(skip_tags or [], "ansible_skip_tags")
+        _tags(run_tags, "ansible_run_tags"),
+        _tags(skip_tags or [], "ansible_skip_tags"),
+        str(first or ""),
     )
 
 
-def deploy_stages_roles(run_tags, skip_tags=None):
-    """The roles whose settings preflight checks for a run with these tags."""
+def deploy_stages_roles(run_tags, skip_tags=None, first=""):
+    """The roles whose settings preflight checks for a run with these tags, from ``first`` on."""
     return deploy_stages.roles_to_validate(
-        _tags(run_tags, "ansible_run_tags"), _tags(skip_tags or [], "ansible_skip_tags")
+        _tags(run_tags, "ansible_run_tags"),
+        _tags(skip_tags or [], "ansible_skip_tags"),
+        str(first or ""),
     )
+
+
+def deploy_stages_earliest(stages):
+    """The first of these stage names in deploy.yml's order ('' for none); any name that is no
+    stage means every stage, so the first."""
+    if isinstance(stages, str) or not isinstance(stages, (list, tuple)):
+        raise AnsibleFilterError(
+            f"deploy_stages_earliest takes a list of stage names, got {type(stages).__name__}"
+        )
+    return deploy_stages.earliest(str(stage) for stage in stages if stage)
+
+
+def deploy_state_fingerprints(settings, common):
+    """{stage: digest} of deploy.yml's record: each stage's over the settings it reads first,
+    the first stage's also over ``common`` (the inventory, the collection)."""
+    if not isinstance(settings, dict):
+        raise AnsibleFilterError(f"the settings must be a mapping, got {type(settings).__name__}")
+    return deploy_stages.fingerprints(dict(settings), common)
 
 
 class FilterModule:
     def filters(self):
         return {
             "deploy_state_setting_errors": deploy_state_setting_errors,
+            "deploy_stages_earliest": deploy_stages_earliest,
             "deploy_stages_reached": deploy_stages_reached,
             "deploy_stages_roles": deploy_stages_roles,
+            "deploy_state_fingerprints": deploy_state_fingerprints,
         }

@@ -4,7 +4,9 @@
 
 The record (``deployment_state``) holds, per node:
 
-* ``fingerprint``: a digest of everything the run was given (settings, inventory, collection);
+* ``fingerprint``: {stage: digest} of everything the run was given, each stage's digest over
+  the settings that stage is the first to read, the first stage's also over the inventory and
+  the collection (deploy_stages.fingerprints);
 * ``containers``: the collection's containers (ID, image, component, running, start, restarts);
 * ``images``: the IDs behind the references the stages read (the serving alias, the cluster
   base and the donor): a donor pulled anew changes what the images stage would build;
@@ -16,7 +18,9 @@ The record (``deployment_state``) holds, per node:
 * ``tables``: a digest of each live nftables table (stateless listing, so counters do not
   count): a table flushed by hand differs from the file that loaded it.
 
-``compare`` names each difference in one line. Besides the record, it checks that every
+``compare`` names each difference in one line, and ``compare_stages`` the earliest of
+deploy.yml's stages each one concerns: a full run starts at the earliest over all nodes, as
+the stages before it have nothing to do. Besides the record, it checks that every
 running rank-holding container (components ``ray`` and ``vllm``) runs the image behind the
 serving alias: after ``playbooks/images.yml`` moved the alias, the containers still run the
 old one, and the rerun must say so instead of "in step".
@@ -29,10 +33,31 @@ from __future__ import annotations
 import hashlib
 import os
 
+from ansible_collections.dgx_spark.cluster.plugins.module_utils.deploy_stages import (
+    FIRST,
+    earliest,
+)
+
 RANK_COMPONENTS = ("ray", "vllm")
 COMPONENT_LABEL = "dgx_spark.cluster.component"
 SETTINGS_CHANGED = "the settings, inventory or collection changed since the last full deploy"
+STAGE_SETTINGS_CHANGED = "the settings the {} stage reads first changed since the last full deploy"
 NO_RECORD = "no record of a full deploy on this node"
+# The first stage that reads what a difference names. The files (netplan, comm.env, the
+# ruleset) and the live table are host_prep's; an image reference the images stage reads; the
+# weights the model stage places; a container the stage that starts it.
+FILES_STAGE = TABLES_STAGE = FIRST
+IMAGES_STAGE = "images"
+TREES_STAGE = "model"
+# A rank on another image than the alias: the Ray containers move first.
+RANK_IMAGE_STAGE = "ray"
+COMPONENT_STAGES = {
+    "ray": "ray",
+    "vllm": "serve",
+    "watchdog": "serve",
+    "prometheus": "monitoring",
+    "node-exporter": "monitoring",
+}
 
 
 def short(image_id: str) -> str:
@@ -157,43 +182,75 @@ def rank_image_reasons(serving_ref: str, serving_id: str, containers: dict) -> l
     ]
 
 
-def _container_reasons(recorded: dict, containers: dict) -> list[str]:
+def _container_reasons(recorded: dict, containers: dict) -> list[tuple[str, str]]:
+    """(stage, reason): the stage that starts the container (its component), FIRST for one
+    no stage is known to start."""
     reasons = []
     for name in sorted(set(recorded) | set(containers)):
         before, now = recorded.get(name), containers.get(name)
+        component = (now or before or {}).get("component", "")
+        stage = COMPONENT_STAGES.get(component, FIRST)
         if before is None:
-            reasons.append(f"{name}: not there at the last full deploy")
+            reasons.append((stage, f"{name}: not there at the last full deploy"))
         elif now is None:
-            reasons.append(f"{name}: gone")
+            reasons.append((stage, f"{name}: gone"))
         elif before["id"] != now["id"]:
-            reasons.append(f"{name}: recreated")
+            reasons.append((stage, f"{name}: recreated"))
         elif before["running"] and not now["running"]:
-            reasons.append(f"{name}: not running")
+            reasons.append((stage, f"{name}: not running"))
         elif before != now:
-            reasons.append(f"{name}: restarted or changed since the last full deploy")
+            reasons.append((stage, f"{name}: restarted or changed since the last full deploy"))
     return reasons
 
 
-def compare(record: dict | None, now: dict) -> list[str]:
-    """What differs between the record of the last full deploy and this node now.
+def _fingerprint_reasons(before, now) -> list[tuple[str, str]]:
+    """(stage, reason) for each stage whose settings changed; a record of another shape (an
+    older collection's single digest) is every stage's."""
+    if not isinstance(before, dict) or not isinstance(now, dict) or set(before) != set(now):
+        return [] if before == now else [(FIRST, SETTINGS_CHANGED)]
+    return [
+        (stage, SETTINGS_CHANGED if stage == FIRST else STAGE_SETTINGS_CHANGED.format(stage))
+        for stage in now
+        if before[stage] != now[stage]
+    ]
+
+
+def compare_stages(record: dict | None, now: dict) -> list[tuple[str, str]]:
+    """What differs between the record of the last full deploy and this node now, as (the
+    first stage concerned, the reason).
 
     ``now`` has the record's keys (``fingerprint``, ``containers``, ``images``, ``files``,
     ``trees``, ``tables``) plus ``serving_image`` ({"ref", "id"}), which is checked against
     the running containers and not recorded."""
     serving = now.get("serving_image") or {}
-    reasons = rank_image_reasons(
-        serving.get("ref", ""), serving.get("id", ""), now.get("containers") or {}
-    )
+    reasons = [
+        (RANK_IMAGE_STAGE, reason)
+        for reason in rank_image_reasons(
+            serving.get("ref", ""), serving.get("id", ""), now.get("containers") or {}
+        )
+    ]
     if not record:
-        return [NO_RECORD, *reasons]
-    if record.get("fingerprint") != now.get("fingerprint"):
-        reasons.append(SETTINGS_CHANGED)
+        return [(FIRST, NO_RECORD), *reasons]
+    reasons += _fingerprint_reasons(record.get("fingerprint"), now.get("fingerprint"))
     reasons += _container_reasons(record.get("containers") or {}, now.get("containers") or {})
-    reasons += _image_reasons(record.get("images") or {}, now.get("images") or {})
-    reasons += _file_reasons(record.get("files") or {}, now.get("files") or {})
-    reasons += _tree_reasons(record.get("trees") or {}, now.get("trees") or {})
-    reasons += _table_reasons(record.get("tables") or {}, now.get("tables") or {})
+    for stage, found in (
+        (IMAGES_STAGE, _image_reasons(record.get("images") or {}, now.get("images") or {})),
+        (FILES_STAGE, _file_reasons(record.get("files") or {}, now.get("files") or {})),
+        (TREES_STAGE, _tree_reasons(record.get("trees") or {}, now.get("trees") or {})),
+        (TABLES_STAGE, _table_reasons(record.get("tables") or {}, now.get("tables") or {})),
+    ):
+        reasons += [(stage, reason) for reason in found]
     return reasons
+
+
+def compare(record: dict | None, now: dict) -> list[str]:
+    """The reasons of compare_stages, one line each; empty when the node is in step."""
+    return [reason for _stage, reason in compare_stages(record, now)]
+
+
+def first_stage(stage_reasons: list[tuple[str, str]]) -> str:
+    """The earliest stage the reasons concern; '' when there are none."""
+    return earliest(stage for stage, _reason in stage_reasons)
 
 
 def recorded(now: dict) -> dict:

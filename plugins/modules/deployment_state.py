@@ -11,17 +11,18 @@ module: deployment_state
 short_description: Record what a full deploy left on a node, and tell whether it is still so
 version_added: "0.1.0"
 description:
-  - With O(state=recorded), writes the fingerprint of the settings a full run of
+  - With O(state=recorded), writes the fingerprints of the settings a full run of
     C(deploy.yml) applied, and the collection's containers on the node as they are now (ID,
     image, running, start time, restarts), to a root-only file.
   - With O(state=compared), reads that file and compares it with the fingerprint given and the
     node as it is now. Any difference (a changed setting, a container stopped, restarted,
     recreated or missing, a node that rebooted, an image reference that names another image,
     a host file or weight edited, a firewall table flushed) is named in RV(reasons), and so is
-    a running rank container on another image than O(serving_image).
+    a running rank container on another image than O(serving_image). RV(first_stage) is the
+    earliest of C(deploy.yml)'s stages those differences concern.
   - The comparison is C(plugins/module_utils/deployment_record.py).
-  - C(deploy.yml) runs every stage only when a node is not in step; a rerun with nothing to do
-    then costs a comparison and one completion instead of every stage's checks.
+  - C(deploy.yml) runs the stages from the earliest any node names on; a rerun with nothing to
+    do costs a comparison and one completion instead of every stage's checks.
   - The deploy_state role runs it for C(deploy.yml), O(state=compared) in its C(in_step)
     entry point and O(state=recorded) in its C(record) entry point.
 author:
@@ -39,8 +40,13 @@ options:
     type: path
     default: /var/lib/dgx-spark/deployed.json
   fingerprint:
-    description: Digest of everything the run was given (settings, inventory, collection).
-    type: str
+    description:
+      - Digests of everything the run was given, by stage of C(deploy.yml) (C(host_prep),
+        C(images), C(model), C(ray), C(serve), C(monitoring)), each over the settings that
+        stage is the first to read; the first stage's also over the inventory and the
+        collection (C(plugins/module_utils/deploy_stages.py)).
+      - A record that holds a single digest (an older collection's) differs in every stage.
+    type: dict
     required: true
   label:
     description: Label key that marks the collection's containers.
@@ -91,12 +97,12 @@ requirements:
 EXAMPLES = r"""
 - name: Tell whether this node is as the last full deploy left it
   dgx_spark.cluster.deployment_state:
-    fingerprint: "{{ settings | to_json(sort_keys=true) | hash('sha256') }}"
+    fingerprint: "{{ settings | dgx_spark.cluster.deploy_state_fingerprints(inventory) }}"
   register: in_step
 
 - name: Record what this run left on the node
   dgx_spark.cluster.deployment_state:
-    fingerprint: "{{ settings | to_json(sort_keys=true) | hash('sha256') }}"
+    fingerprint: "{{ settings | dgx_spark.cluster.deploy_state_fingerprints(inventory) }}"
     state: recorded
 """
 
@@ -110,6 +116,14 @@ reasons:
   returned: always
   type: list
   elements: str
+first_stage:
+  description:
+    - The earliest of C(deploy.yml)'s stages that RV(reasons) concern (a setting's first
+      reader, the host files' and the firewall's C(host_prep), an image reference's C(images),
+      the weights' C(model), a container's the stage that starts it); C(host_prep), every
+      stage, for a missing record or changed inventory. Empty when in step.
+  returned: always
+  type: str
 containers:
   description: The collection's containers on the node now, by name.
   returned: always
@@ -125,8 +139,9 @@ import os  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib  # noqa: E402
 from ansible_collections.dgx_spark.cluster.plugins.module_utils.deployment_record import (  # noqa: E402
-    compare,
+    compare_stages,
     file_digest,
+    first_stage,
     recorded,
     snapshot,
     text_digest,
@@ -197,7 +212,7 @@ def main() -> None:
     module = AnsibleModule(
         argument_spec={
             "path": {"type": "path", "default": "/var/lib/dgx-spark/deployed.json"},
-            "fingerprint": {"type": "str", "required": True},
+            "fingerprint": {"type": "dict", "required": True},
             "label": {"type": "str", "default": "dgx_spark.cluster.component"},
             "images": {"type": "list", "elements": "str", "default": []},
             "serving_image": {"type": "str", "default": ""},
@@ -231,11 +246,12 @@ def main() -> None:
     }
     record = read_record(params["path"])
     if params["state"] == "compared":
-        reasons = compare(record, now)
+        found = compare_stages(record, now)
         module.exit_json(
             changed=False,
-            in_step=not reasons,
-            reasons=reasons,
+            in_step=not found,
+            reasons=[reason for _stage, reason in found],
+            first_stage=first_stage(found),
             containers=containers,
             images=images,
         )
@@ -244,7 +260,12 @@ def main() -> None:
     if changed and not module.check_mode:
         write_record(params["path"], wanted)
     module.exit_json(
-        changed=changed, in_step=True, reasons=[], containers=containers, images=images
+        changed=changed,
+        in_step=True,
+        reasons=[],
+        first_stage="",
+        containers=containers,
+        images=images,
     )
 
 

@@ -1,8 +1,9 @@
 """A rerun of deploy.yml with nothing to do runs no stage, and anything that moved is seen.
 
 playbooks/in_step.yml compares every node with the record the last full run left there
-(settings fingerprint, the collection's containers) and asks for one token; in step, every
-stage ends at once. benchmarks/noop_rerun.py prints what that costs against a ping.
+(settings fingerprints, the collection's containers) and asks for one token; in step, every
+stage ends at once; otherwise the run starts at the first stage anything moved in.
+benchmarks/noop_rerun.py prints what that costs against a ping.
 """
 
 from __future__ import annotations
@@ -58,13 +59,28 @@ def test_a_stopped_container_puts_the_pair_out_of_step(in_step, hosts):
         head.check_output("sudo docker start dgx-spark-watchdog")
     assert check.rc == 0, check.failures() or check.raw[-3000:]
     assert "dgx-spark-watchdog: not running" in report(check), report(check)
-    assert report(check).startswith("Running every stage"), report(check)
+    # The serving stage starts the watchdog: the run starts there.
+    assert report(check).startswith(
+        "Running the stages from serve on (serve, monitoring); those before it have nothing to do"
+    ), report(check)
 
 
-def test_a_changed_setting_puts_the_pair_out_of_step(in_step):
-    check = run_playbook("playbooks/in_step.yml", "-e", "vllm_serve_max_model_len=256")
+@pytest.mark.parametrize(
+    ("setting", "said", "start"),
+    [
+        # Read first by the serving stage: the stages before it have nothing to do.
+        ("vllm_serve_max_model_len=256",
+         "the settings the serve stage reads first changed", "Running the stages from serve on"),
+        # The firewall opens the serving port: host_prep reads it first, so every stage.
+        ("vllm_serve_port=8001",
+         "the settings, inventory or collection changed", "Running every stage"),
+    ],
+)  # fmt: skip
+def test_a_changed_setting_puts_the_pair_out_of_step(in_step, setting, said, start):
+    check = run_playbook("playbooks/in_step.yml", "-e", setting)
     assert check.rc == 0, check.failures() or check.raw[-3000:]
-    assert "the settings, inventory or collection changed" in report(check), report(check)
+    assert said in report(check), report(check)
+    assert report(check).startswith(start), report(check)
 
 
 def test_a_partial_run_is_never_taken_for_in_step(in_step):
@@ -79,7 +95,7 @@ def test_a_partial_run_is_never_taken_for_in_step(in_step):
         "Gather the network facts the links are checked against",
     }, sorted(ran(check))
     assert (
-        "This run's tags reach the stages model: checking the settings of model_cache, "
+        "This run reaches the stages model: checking the settings of model_cache, "
         "deploy_state, operate." in check.messages()
     ), check.messages()[-3000:]
 

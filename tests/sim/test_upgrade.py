@@ -112,6 +112,14 @@ def test_an_image_rebuild_reaches_every_rank(upgrade, nodes):
         assert {c["image"] for c in now.values()} == {alias[node.name]}, (node.name, now)
     assert "keeps" in run.messages() and "the serving stage" in run.messages()
     assert complete(nodes, KEY) and not complete(nodes, ROTATED)
+    # It started at the images stage: host_prep had nothing to do, and its play ended at once.
+    assert in_step_report(run).startswith("Running the stages from images on"), in_step_report(run)
+    ran = {name for name, _h, r in run.results() if not r.get("skipped")}
+    assert "Validate the settings of hybrid_image against its argument spec" in ran, sorted(ran)
+    assert not ran & {
+        "Validate the settings of host_prep against its argument spec",
+        "Gather the network facts the links are checked against",
+    }, sorted(ran)
     start = vllm_start_seconds(run)
     gap = client.longest_gap()
     again = run_playbook("deploy.yml")

@@ -1,5 +1,6 @@
 """plugins/module_utils/deploy_stages.py: which stages a run's tags reach, so which roles
-preflight checks; and that its table matches deploy.yml and what each stage's tasks read."""
+preflight checks; which stage a setting is first read by, so where a full run starts; and that
+its table matches deploy.yml and what each stage's tasks read."""
 
 from __future__ import annotations
 
@@ -145,11 +146,166 @@ def test_every_role_preflight_checks_is_in_the_table():
 
 
 def test_preflight_and_every_stage_guard_ask_the_filters():
+    """Both with the in-step check's first stage: a full run's stages before it end too."""
     preflight = (ROOT / "playbooks/preflight.yml").read_text()
-    assert "dgx_spark.cluster.deploy_stages_roles(ansible_skip_tags)" in preflight
+    assert "_preflight_first: \"{{ deploy_state_first_stage | default('') }}\"" in preflight
+    assert "dgx_spark.cluster.deploy_stages_roles(_preflight_skip, _preflight_first)" in preflight
+    assert "ansible_skip_tags | list + ([] if spark_monitoring | default(false) | bool" in preflight
     guard = (ROOT / "playbooks/tasks/in_step_guard.yml").read_text()
-    assert "dgx_spark.cluster.deploy_stages_reached(ansible_skip_tags)" in guard
+    assert (
+        "dgx_spark.cluster.deploy_stages_reached(ansible_skip_tags, "
+        "deploy_state_first_stage | default(''))" in " ".join(guard.split())
+    )
     # monitoring.yml's plays have no guard: deploy.yml enters them only with spark_monitoring.
     for stage in [stage for stage in ds.STAGES if stage != "monitoring"]:
         text = (ROOT / "playbooks" / f"{stage}.yml").read_text()
         assert re.search(rf"deploy_stage: {stage}\b", text), f"{stage}.yml names no stage"
+
+
+@pytest.mark.parametrize(
+    ("first", "stages"),
+    [
+        ("", EVERY_STAGE),
+        ("host_prep", EVERY_STAGE),
+        ("images", EVERY_STAGE[1:]),
+        ("serve", ["serve", "monitoring"]),
+        ("monitoring", ["monitoring"]),
+        ("no_such_stage", EVERY_STAGE),
+    ],
+)
+def test_a_full_run_runs_the_stages_from_the_first_with_anything_to_do(first, stages):
+    assert ds.stages_from(first) == stages
+    assert ds.stages_reached(["all"], [], first) == stages
+
+
+def test_the_first_stage_and_the_tags_both_narrow_the_stages_and_roles():
+    assert ds.stages_reached(["model", "serve"], [], "ray") == ["serve"]
+    assert ds.stages_reached(["host_prep"], [], "images") == []
+    assert ds.roles_to_validate(["all"], [], "ray") == [
+        # monitoring's stage reads host_prep's firewall settings.
+        "host_prep", "model_cache", "ray_cluster", "vllm_serve", "monitoring",
+        "deploy_state", "operate",
+    ]  # fmt: skip
+    assert ds.roles_to_validate(["all"], [], "images") == EVERY_ROLE
+    assert filters.deploy_stages_reached(["all"], [], "serve") == ["serve", "monitoring"]
+    assert filters.deploy_stages_roles(["all"], [], None) == EVERY_ROLE
+
+
+@pytest.mark.parametrize(
+    ("stages", "first"),
+    [
+        ([], ""),
+        (["serve", "images", "ray"], "images"),
+        (["monitoring", "serve"], "serve"),
+        # A name that is no stage (the in-step check's 'every') means every stage.
+        (["serve", "every"], "host_prep"),
+    ],
+)
+def test_the_earliest_of_some_stages(stages, first):
+    assert ds.earliest(stages) == first
+    assert filters.deploy_stages_earliest([*stages, ""]) == first
+
+
+def test_the_earliest_refuses_a_string():
+    with pytest.raises(AnsibleFilterError, match="takes a list of stage names, got str"):
+        filters.deploy_stages_earliest("serve")
+
+
+@pytest.mark.parametrize(
+    ("name", "stage"),
+    [
+        ("host_prep_mtu", "host_prep"),
+        ("hybrid_image_donor", "images"),
+        ("model_cache_repo_id", "model"),
+        ("ray_cluster_num_gpus", "ray"),
+        ("vllm_serve_max_model_len", "serve"),
+        # The firewall opens the Ray and serving ports: host_prep reads them first.
+        ("ray_cluster_gcs_port", "host_prep"),
+        ("ray_cluster_min_worker_port", "host_prep"),
+        ("vllm_serve_port", "host_prep"),
+        ("vllm_serve_master_port", "host_prep"),
+        # spark_* are read across the stages; anything else too, when in doubt.
+        ("spark_serving_image", "host_prep"),
+        ("spark_monitoring", "host_prep"),
+        ("vllm_servers", "host_prep"),
+    ],
+)
+def test_the_stage_that_reads_a_setting_first(name, stage):
+    assert ds.setting_stage(name) == stage
+
+
+SETTINGS = {
+    "spark_gpus": 1,
+    "host_prep_mtu": 9000,
+    "hybrid_image_donor": "vllm-donor:0.32.0-cpu",
+    "vllm_serve_max_model_len": 2048,
+    "vllm_serve_port": 8000,
+}
+COMMON = {"hosts": ["172.30.240.11", "172.30.240.12"], "collection": "c" * 64}
+
+
+@pytest.mark.parametrize(
+    ("changes", "common", "moved"),
+    [
+        ({}, COMMON, []),
+        ({"vllm_serve_max_model_len": 4096}, COMMON, ["serve"]),
+        ({"hybrid_image_donor": "vllm-donor:0.33.0-cpu"}, COMMON, ["images"]),
+        ({"ray_cluster_num_gpus": 1}, COMMON, ["ray"]),
+        ({"vllm_serve_port": 8001}, COMMON, ["host_prep"]),
+        ({"spark_gpus": 0}, COMMON, ["host_prep"]),
+        ({}, {**COMMON, "collection": "d" * 64}, ["host_prep"]),
+        ({"vllm_serve_max_model_len": 4096, "host_prep_mtu": 1500}, COMMON, ["host_prep", "serve"]),
+    ],
+)
+def test_a_changed_setting_moves_the_digest_of_the_stage_that_reads_it_first(
+    changes, common, moved
+):
+    before = ds.fingerprints(SETTINGS, COMMON)
+    after = ds.fingerprints({**SETTINGS, **changes}, common)
+    assert list(before) == EVERY_STAGE
+    assert [stage for stage in before if before[stage] != after[stage]] == moved
+    assert all(re.fullmatch("[0-9a-f]{64}", digest) for digest in after.values())
+    assert filters.deploy_state_fingerprints({**SETTINGS, **changes}, common) == after
+
+
+def test_the_fingerprints_refuse_settings_that_are_no_mapping():
+    with pytest.raises(AnsibleFilterError, match="the settings must be a mapping, got list"):
+        filters.deploy_state_fingerprints([], COMMON)
+
+
+def _files_of(roles) -> str:
+    """The text of the task files, templates and scripts of these roles; their defaults,
+    argument specs and READMEs left out (a role's defaults name other roles' settings only to
+    derive its own from spark_*, and the documents only describe)."""
+    texts = []
+    for role in roles:
+        for path in sorted((ROOT / "roles" / role).rglob("*")):
+            if (
+                path.is_file()
+                and path.suffix in (".yml", ".yaml", ".j2", ".py", ".sh")
+                and not {"defaults", "meta"} & set(path.parts)
+            ):
+                texts.append(path.read_text(errors="ignore"))
+    return "\n".join(texts)
+
+
+def test_no_stage_reads_a_setting_before_the_stage_it_belongs_to():
+    """A setting changed must never leave a stage that reads it out of the run: every stage
+    that reads a role's setting comes at or after setting_stage's. Read from the roles' files,
+    so a new cross-role read fails here until the table knows it."""
+    names = set()
+    for defaults in sorted(ROOT.glob("roles/*/defaults/main.yml")):
+        names |= {
+            name
+            for name in yaml.safe_load(defaults.read_text()) or {}
+            if re.match(r"(host_prep|hybrid_image|model_cache|ray_cluster|vllm_serve)_", name)
+        }
+    order = list(ds.STAGES)
+    readers = {stage: _files_of(ds.STAGES[stage]) for stage in order}
+    assert len(names) > 100, len(names)
+    early = {}
+    for name in sorted(names):
+        reading = [stage for stage in order if re.search(rf"\b{name}\b", readers[stage])]
+        if reading and order.index(reading[0]) < order.index(ds.setting_stage(name)):
+            early[name] = reading[0]
+    assert early == {}

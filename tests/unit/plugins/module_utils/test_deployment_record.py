@@ -176,3 +176,65 @@ def test_tree_stat_follows_links_and_leaves_hidden_entries_out(tmp_path):
         "snapshots/rev/gone.safetensors": [-1, -1],
         "snapshots/rev/model.safetensors": [7, 1_000_000_123],
     }
+
+
+FINGERPRINT = {stage: stage[0] * 64 for stage in ("host_prep", "images", "model", "ray", "serve")}
+STAGED = dr.recorded(node(fingerprint=FINGERPRINT))
+
+
+def more(*inspections) -> dict:
+    """The recorded containers and these."""
+    return {**CONTAINERS, **dr.snapshot(list(inspections))}
+
+
+@pytest.mark.parametrize(
+    ("changes", "stages"),
+    [
+        ({}, []),
+        # The settings each stage reads first; the first stage's cover the inventory too.
+        ({"fingerprint": {**FINGERPRINT, "serve": "x" * 64}}, ["serve"]),
+        ({"fingerprint": {**FINGERPRINT, "images": "x" * 64}}, ["images"]),
+        ({"fingerprint": {**FINGERPRINT, "host_prep": "x" * 64}}, ["host_prep"]),
+        # A record of one digest (an older collection's), or of other stages: every stage.
+        ({"fingerprint": "f"}, ["host_prep"]),
+        ({"fingerprint": {**FINGERPRINT, "monitoring": "m" * 64}}, ["host_prep"]),
+        # A container: the stage that starts it; one no stage is known to start, every stage.
+        ({"containers": dr.snapshot([inspected("dgx-spark-ray")])}, ["serve"]),
+        ({"containers": dr.snapshot([inspected("dgx-spark-vllm", "c2", component="vllm")])},
+         ["ray"]),
+        ({"containers": more(inspected("w", "c9", component="watchdog"))}, ["serve"]),
+        ({"containers": more(inspected("p", "c8", component="prometheus"))}, ["monitoring"]),
+        ({"containers": more(inspected("x", "c7", component=""))}, ["host_prep"]),
+        ({"images": {**IMAGES, "vllm-donor:0.32.0-cpu": NEW}}, ["images"]),
+        ({"files": {**RECORD["files"], COMM: "e" * 64}}, ["host_prep"]),
+        ({"trees": {"/var/lib/dgx-spark/models": {}}}, ["model"]),
+        ({"tables": {"inet dgx_spark": ""}}, ["host_prep"]),
+    ],
+)  # fmt: skip
+def test_each_difference_names_the_first_stage_it_concerns(changes, stages):
+    found = dr.compare_stages(STAGED, node(**{"fingerprint": FINGERPRINT, **changes}))
+    assert [stage for stage, _reason in found] == stages
+    assert dr.first_stage(found) == (stages[0] if stages else "")
+
+
+def test_a_stages_settings_are_named_by_the_stage():
+    found = dr.compare_stages(STAGED, node(fingerprint={**FINGERPRINT, "serve": "x" * 64}))
+    assert found == [
+        ("serve", "the settings the serve stage reads first changed since the last full deploy")
+    ]
+    inventory = dr.compare_stages(STAGED, node(fingerprint={**FINGERPRINT, "host_prep": "x"}))
+    assert inventory == [("host_prep", dr.SETTINGS_CHANGED)]
+
+
+def test_a_rebuilt_image_starts_at_the_images_stage_whatever_the_ranks_run():
+    """images.yml moved the alias and the donor: the images stage (the ranks move later)."""
+    moved = node(
+        fingerprint=FINGERPRINT,
+        images={**IMAGES, ALIAS: NEW, "vllm-donor:0.32.0-cpu": NEW},
+        serving_image={"ref": ALIAS, "id": NEW},
+    )
+    found = dr.compare_stages(STAGED, moved)
+    assert [stage for stage, _reason in found] == ["ray", "ray", "images", "images"]
+    assert dr.first_stage(found) == "images"
+    assert dr.compare_stages(None, moved)[0] == ("host_prep", dr.NO_RECORD)
+    assert dr.first_stage(dr.compare_stages(None, moved)) == "host_prep"

@@ -60,11 +60,13 @@ def test_record_then_compare_round_trip(tmp_path, capsys, monkeypatch):
     weights.mkdir()
     (weights / "w.safetensors").write_bytes(b"w")
     path = str(tmp_path / "state" / "deployed.json")
-    args = {"path": path, "fingerprint": "f", "images": ["alias:current", "donor:1", "absent:1"],
+    args = {"path": path, "fingerprint": {"host_prep": "f", "serve": "s"},
+            "images": ["alias:current", "donor:1", "absent:1"],
             "serving_image": "alias:current", "files": [str(comm_env)], "trees": [str(weights)],
             "tables": []}  # fmt: skip
     rc, result = run_module(deployment_state, args, capsys)
     assert rc == 0 and not result["in_step"] and not result["changed"]
+    assert result["first_stage"] == "host_prep"  # no record yet
     rc, result = run_module(
         deployment_state, {**args, "state": "recorded"}, capsys, check_mode=True
     )
@@ -74,10 +76,18 @@ def test_record_then_compare_round_trip(tmp_path, capsys, monkeypatch):
     rc, result = run_module(deployment_state, {**args, "state": "recorded"}, capsys)
     assert not result["changed"]
     rc, result = run_module(deployment_state, args, capsys)
-    assert result["in_step"] and result["reasons"] == []
-    FakeDocker.containers_now[1] = inspected("dgx-spark-vllm", "c2", running=False)
+    assert result["in_step"] and result["reasons"] == [] and result["first_stage"] == ""
+    FakeDocker.containers_now[1] = inspected(
+        "dgx-spark-vllm", "c2", running=False, component="vllm"
+    )
     rc, result = run_module(deployment_state, args, capsys)
     assert not result["in_step"] and result["reasons"] == ["dgx-spark-vllm: not running"]
+    assert result["first_stage"] == "serve"
+    changed = {**args, "fingerprint": {"host_prep": "f", "serve": "t"}}
+    assert run_module(deployment_state, changed, capsys)[1]["reasons"] == [
+        "the settings the serve stage reads first changed since the last full deploy",
+        "dgx-spark-vllm: not running",
+    ]
     FakeDocker.containers_now[1] = inspected("dgx-spark-vllm", "c2", component="vllm")
     assert run_module(deployment_state, args, capsys)[1]["in_step"]
     # The alias moved (images.yml), a host file was edited, a weight replaced.
@@ -93,3 +103,4 @@ def test_record_then_compare_round_trip(tmp_path, capsys, monkeypatch):
         f"{comm_env}: edited since the last full deploy",
         f"{weights}: w.safetensors changed, appeared or went since the last full deploy",
     ]
+    assert result["first_stage"] == "host_prep"  # the host file
