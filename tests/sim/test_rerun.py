@@ -61,7 +61,7 @@ def test_a_stopped_container_puts_the_pair_out_of_step(in_step, hosts):
     assert "dgx-spark-watchdog: not running" in report(check), report(check)
     # The serving stage starts the watchdog: the run starts there.
     assert report(check).startswith(
-        "Running the stages from serve on (serve, monitoring); those before it have nothing to do"
+        "Running the stages from serve on; those before it have nothing to do"
     ), report(check)
 
 
