@@ -18,6 +18,7 @@ import time
 import pytest
 import yaml
 from conftest import ROOT, load_changed_image, node_image_id, on_node, run_playbook
+from test_rerun import ran
 from test_serving import KEY, ROTATED, Client, complete, vllm_start_seconds
 
 CLUSTER = yaml.safe_load((ROOT / "inventories/sim/group_vars/all/cluster.yml").read_text())
@@ -115,19 +116,18 @@ def test_an_image_rebuild_reaches_every_rank(upgrade, nodes):
     # Where it started: at the images stage when only the images moved (host_prep had nothing
     # to do, and its play ended at once); in `make test` the record still holds
     # test_monitoring's settings (spark_monitoring), which every stage reads.
-    said = in_step_report(run)
-    ran = {name for name, _h, r in run.results() if not r.get("skipped")}
-    skipped_host_prep = not ran & {
+    said, tasks = in_step_report(run), ran(run)
+    skipped_host_prep = not tasks & {
         "Validate the settings of host_prep against its argument spec",
         "Gather the network facts the links are checked against",
     }
     if "the settings, inventory or collection changed" in said:
         assert said.startswith("Running every stage:"), said
-        assert not skipped_host_prep, sorted(ran)
+        assert not skipped_host_prep, sorted(tasks)
     else:
         assert said.startswith("Running the stages from images on"), said
-        assert skipped_host_prep, sorted(ran)
-    assert "Validate the settings of hybrid_image against its argument spec" in ran, sorted(ran)
+        assert skipped_host_prep, sorted(tasks)
+    assert "Validate the settings of hybrid_image against its argument spec" in tasks, sorted(tasks)
     start = vllm_start_seconds(run)
     gap = client.longest_gap()
     again = run_playbook("deploy.yml")
