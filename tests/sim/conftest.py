@@ -339,7 +339,10 @@ def load_changed_image(nodes, source: str, target: str, labels: dict, env: list[
     """Give every node one new image under ``target``: ``source``'s layers with other labels
     (and environment), as a ``docker pull`` of a new release under the same tag would. The
     image is a new configuration over layers every node already has, so its ID (the digest of
-    that configuration) is the same on every node and ``docker load`` reads no layer."""
+    that configuration) is the same on every node and ``docker load`` reads no layer. Its
+    creation time is now's, so no earlier call gave the same ID: with a fixed one, test_upgrade
+    run alone right after `make test` loaded the donor the serving alias was already built
+    from, and the images stage rightly had nothing to rebuild."""
     import hashlib
     import io
     import tarfile
@@ -348,7 +351,8 @@ def load_changed_image(nodes, source: str, target: str, labels: dict, env: list[
     config = dict(attrs["Config"])
     config["Labels"] = {**(config.get("Labels") or {}), **labels}
     config["Env"] = [*(config.get("Env") or []), *env]
-    when = "2026-12-01T00:00:00Z"
+    now = time.time_ns()
+    when = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now // 10**9)) + f".{now % 10**9:09d}Z"
     image = {
         "architecture": attrs["Architecture"],
         "os": attrs["Os"],

@@ -51,13 +51,6 @@ def in_step_report(run) -> str:
     return said[0] if isinstance(said[0], str) else "\n".join(said[0])
 
 
-def release(kind: str) -> str:
-    """A label value no earlier run gave: the test's donor is then a new image every run. With
-    a fixed label it was the image an earlier run built the serving alias from, and the images
-    stage rightly had nothing to rebuild (test_upgrade alone, right after `make test`)."""
-    return f"{kind} {time.time_ns()}"
-
-
 # Either key: test_serving, before this module, leaves the pair on its rotated key.
 KEYS = [KEY, ROTATED]
 
@@ -80,7 +73,7 @@ def test_an_image_rebuild_reaches_every_rank(upgrade, nodes):
     before = {n.name: containers(n) for n in nodes}
     assert "dgx-spark-vllm" in before["spark-1"] and "dgx-spark-ray" in before["spark-2"], before
     alias_before = {n.name: node_image_id(n, ALIAS) for n in nodes}
-    new_donor = load_changed_image(nodes, DONOR, DONOR, {"dgxsim.test.donor": release("upgrade")})
+    new_donor = load_changed_image(nodes, DONOR, DONOR, {"dgxsim.test.donor": "upgrade"})
 
     # 1. The images stage rebuilds, and nothing that serves notices.
     with Client(nodes, KEYS) as client:
@@ -154,7 +147,7 @@ def test_a_new_image_that_does_not_serve_is_rolled_back_as_a_whole(upgrade, node
     # The donor's vLLM imports, parses the command line and lists its models; only its
     # engine fails to start: it loads no platform plugin (VLLM_PLUGINS names none it has), so
     # the CPU platform it falls back to has no Ray resource for the ranks.
-    load_changed_image(nodes, DONOR, DONOR, {"dgxsim.test.donor": release("no-engine")},
+    load_changed_image(nodes, DONOR, DONOR, {"dgxsim.test.donor": "no-engine"},
                        ["VLLM_PLUGINS=dgxsim-test-no-such-plugin"])  # fmt: skip
     images = run_playbook("playbooks/images.yml")
     assert images.rc == 0, images.failures() or images.raw[-3000:]
