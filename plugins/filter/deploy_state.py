@@ -1,16 +1,14 @@
 # Copyright: contributors to the dgx_spark.cluster collection
 # SPDX-License-Identifier: GPL-3.0-or-later
 """Filters the deploy_state role and deploy.yml's stage plays use; thin wrappers over
-plugins/module_utils/deploy_state_settings.py and deploy_stages.py (documented in the sidecar
-YAML files next to this one)."""
+plugins/module_utils/deploy_state_settings.py and plugins/plugin_utils/deploy_stages.py
+(documented in the sidecar YAML files next to this one)."""
 
 from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
-from ansible_collections.dgx_spark.cluster.plugins.module_utils import (
-    deploy_stages,
-    deploy_state_settings,
-)
+from ansible_collections.dgx_spark.cluster.plugins.module_utils import deploy_state_settings
+from ansible_collections.dgx_spark.cluster.plugins.plugin_utils import deploy_stages
 
 
 def deploy_state_setting_errors(settings, defined=None):

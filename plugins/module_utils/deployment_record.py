@@ -18,9 +18,10 @@ The record (``deployment_state``) holds, per node:
 * ``tables``: a digest of each live nftables table (stateless listing, so counters do not
   count): a table flushed by hand differs from the file that loaded it.
 
-``compare`` names each difference in one line, and ``compare_stages`` the earliest of
-deploy.yml's stages each one concerns: a full run starts at the earliest over all nodes, as
-the stages before it have nothing to do. Besides the record, it checks that every
+``compare`` names each difference in one line, and ``compare_stages`` the stage of
+deploy.yml each one concerns: a full run starts at the earliest over all nodes (the
+controller knows the stages' order: plugins/plugin_utils/deploy_stages.py), as the stages
+before it have nothing to do. Besides the record, it checks that every
 running rank-holding container (components ``ray`` and ``vllm``) runs the image behind the
 serving alias: after ``playbooks/images.yml`` moved the alias, the containers still run the
 old one, and the rerun must say so instead of "in step".
@@ -33,12 +34,9 @@ from __future__ import annotations
 import hashlib
 import os
 
-from ansible_collections.dgx_spark.cluster.plugins.module_utils.deploy_stages import (
-    FIRST,
-    earliest,
-)
-
 RANK_COMPONENTS = ("ray", "vllm")
+# deploy.yml's first stage: every stage runs from it (test_deployment_record checks the name).
+FIRST = "host_prep"
 COMPONENT_LABEL = "dgx_spark.cluster.component"
 SETTINGS_CHANGED = "the settings, inventory or collection changed since the last full deploy"
 STAGE_SETTINGS_CHANGED = "the settings the {} stage reads first changed since the last full deploy"
@@ -248,9 +246,9 @@ def compare(record: dict | None, now: dict) -> list[str]:
     return [reason for _stage, reason in compare_stages(record, now)]
 
 
-def first_stage(stage_reasons: list[tuple[str, str]]) -> str:
-    """The earliest stage the reasons concern; '' when there are none."""
-    return earliest(stage for stage, _reason in stage_reasons)
+def stages_concerned(stage_reasons: list[tuple[str, str]]) -> list[str]:
+    """The stages the reasons concern, each once, in the reasons' order; empty when none."""
+    return list(dict.fromkeys(stage for stage, _reason in stage_reasons))
 
 
 def recorded(now: dict) -> dict:

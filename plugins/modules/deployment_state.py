@@ -18,8 +18,8 @@ description:
     node as it is now. Any difference (a changed setting, a container stopped, restarted,
     recreated or missing, a node that rebooted, an image reference that names another image,
     a host file or weight edited, a firewall table flushed) is named in RV(reasons), and so is
-    a running rank container on another image than O(serving_image). RV(first_stage) is the
-    earliest of C(deploy.yml)'s stages those differences concern.
+    a running rank container on another image than O(serving_image). RV(stages) are the
+    stages of C(deploy.yml) those differences concern.
   - The comparison is C(plugins/module_utils/deployment_record.py).
   - C(deploy.yml) runs the stages from the earliest any node names on; a rerun with nothing to
     do costs a comparison and one completion instead of every stage's checks.
@@ -44,7 +44,7 @@ options:
       - Digests of everything the run was given, by stage of C(deploy.yml) (C(host_prep),
         C(images), C(model), C(ray), C(serve), C(monitoring)), each over the settings that
         stage is the first to read; the first stage's also over the inventory and the
-        collection (C(plugins/module_utils/deploy_stages.py)).
+        collection (C(plugins/plugin_utils/deploy_stages.py)).
       - A record that holds a single digest (an older collection's) differs in every stage.
     type: dict
     required: true
@@ -116,14 +116,16 @@ reasons:
   returned: always
   type: list
   elements: str
-first_stage:
+stages:
   description:
-    - The earliest of C(deploy.yml)'s stages that RV(reasons) concern (a setting's first
+    - The stages of C(deploy.yml) that RV(reasons) concern, each once (a setting's first
       reader, the host files' and the firewall's C(host_prep), an image reference's C(images),
       the weights' C(model), a container's the stage that starts it); C(host_prep), every
-      stage, for a missing record or changed inventory. Empty when in step.
+      stage, for a missing record or changed inventory. Empty when in step. The run starts at
+      the earliest over all nodes.
   returned: always
-  type: str
+  type: list
+  elements: str
 containers:
   description: The collection's containers on the node now, by name.
   returned: always
@@ -141,9 +143,9 @@ from ansible.module_utils.basic import AnsibleModule, missing_required_lib  # no
 from ansible_collections.dgx_spark.cluster.plugins.module_utils.deployment_record import (  # noqa: E402
     compare_stages,
     file_digest,
-    first_stage,
     recorded,
     snapshot,
+    stages_concerned,
     text_digest,
     tree_stat,
 )
@@ -251,7 +253,7 @@ def main() -> None:
             changed=False,
             in_step=not found,
             reasons=[reason for _stage, reason in found],
-            first_stage=first_stage(found),
+            stages=stages_concerned(found),
             containers=containers,
             images=images,
         )
@@ -263,7 +265,7 @@ def main() -> None:
         changed=changed,
         in_step=True,
         reasons=[],
-        first_stage="",
+        stages=[],
         containers=containers,
         images=images,
     )

@@ -7,6 +7,7 @@ import os
 
 import pytest
 from ansible_collections.dgx_spark.cluster.plugins.module_utils import deployment_record as dr
+from ansible_collections.dgx_spark.cluster.plugins.plugin_utils import deploy_stages
 
 ALIAS = "dgx-spark/vllm-serving:current"
 COMM = "/etc/dgx-spark/comm.env"
@@ -214,7 +215,7 @@ def more(*inspections) -> dict:
 def test_each_difference_names_the_first_stage_it_concerns(changes, stages):
     found = dr.compare_stages(STAGED, node(**{"fingerprint": FINGERPRINT, **changes}))
     assert [stage for stage, _reason in found] == stages
-    assert dr.first_stage(found) == (stages[0] if stages else "")
+    assert dr.stages_concerned(found) == list(dict.fromkeys(stages))
 
 
 def test_a_stages_settings_are_named_by_the_stage():
@@ -235,6 +236,11 @@ def test_a_rebuilt_image_starts_at_the_images_stage_whatever_the_ranks_run():
     )
     found = dr.compare_stages(STAGED, moved)
     assert [stage for stage, _reason in found] == ["ray", "ray", "images", "images"]
-    assert dr.first_stage(found) == "images"
+    assert dr.stages_concerned(found) == ["ray", "images"]
     assert dr.compare_stages(None, moved)[0] == ("host_prep", dr.NO_RECORD)
-    assert dr.first_stage(dr.compare_stages(None, moved)) == "host_prep"
+    assert dr.stages_concerned(dr.compare_stages(None, moved)) == ["host_prep", "ray"]
+
+
+def test_the_first_stage_is_deploy_yml_s():
+    """Every stage runs from FIRST: it must be the first of deploy.yml's stages."""
+    assert deploy_stages.load().first == dr.FIRST

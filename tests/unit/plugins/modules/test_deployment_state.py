@@ -66,7 +66,7 @@ def test_record_then_compare_round_trip(tmp_path, capsys, monkeypatch):
             "tables": []}  # fmt: skip
     rc, result = run_module(deployment_state, args, capsys)
     assert rc == 0 and not result["in_step"] and not result["changed"]
-    assert result["first_stage"] == "host_prep"  # no record yet
+    assert result["stages"] == ["host_prep"]  # no record yet
     rc, result = run_module(
         deployment_state, {**args, "state": "recorded"}, capsys, check_mode=True
     )
@@ -76,13 +76,13 @@ def test_record_then_compare_round_trip(tmp_path, capsys, monkeypatch):
     rc, result = run_module(deployment_state, {**args, "state": "recorded"}, capsys)
     assert not result["changed"]
     rc, result = run_module(deployment_state, args, capsys)
-    assert result["in_step"] and result["reasons"] == [] and result["first_stage"] == ""
+    assert result["in_step"] and result["reasons"] == [] and result["stages"] == []
     FakeDocker.containers_now[1] = inspected(
         "dgx-spark-vllm", "c2", running=False, component="vllm"
     )
     rc, result = run_module(deployment_state, args, capsys)
     assert not result["in_step"] and result["reasons"] == ["dgx-spark-vllm: not running"]
-    assert result["first_stage"] == "serve"
+    assert result["stages"] == ["serve"]
     changed = {**args, "fingerprint": {"host_prep": "f", "serve": "t"}}
     assert run_module(deployment_state, changed, capsys)[1]["reasons"] == [
         "the settings the serve stage reads first changed since the last full deploy",
@@ -103,4 +103,4 @@ def test_record_then_compare_round_trip(tmp_path, capsys, monkeypatch):
         f"{comm_env}: edited since the last full deploy",
         f"{weights}: w.safetensors changed, appeared or went since the last full deploy",
     ]
-    assert result["first_stage"] == "host_prep"  # the host file
+    assert result["stages"] == ["ray", "images", "host_prep", "model"]  # host_prep: the file

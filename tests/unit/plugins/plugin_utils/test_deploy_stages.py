@@ -1,6 +1,6 @@
-"""plugins/module_utils/deploy_stages.py: which stages a run's tags reach, so which roles
+"""plugins/plugin_utils/deploy_stages.py: which stages a run's tags reach, so which roles
 preflight checks; which stage a setting is first read by, so where a full run starts; and that
-its table matches deploy.yml and what each stage's tasks read."""
+what it reads from the collection's files matches deploy.yml and what each stage's files read."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 import yaml
 from ansible.errors import AnsibleFilterError
 from ansible_collections.dgx_spark.cluster.plugins.filter import deploy_state as filters
-from ansible_collections.dgx_spark.cluster.plugins.module_utils import deploy_stages as ds
+from ansible_collections.dgx_spark.cluster.plugins.plugin_utils import deploy_stages as ds
 
 ROOT = Path(__file__).resolve().parents[4]
 EVERY_STAGE = ["host_prep", "images", "model", "ray", "serve", "monitoring"]
@@ -91,7 +91,7 @@ def test_the_filters_pass_the_tags_through_and_refuse_a_string():
 def test_the_stages_are_deploy_yml_s_tagged_stages_in_order():
     plays = yaml.safe_load((ROOT / "playbooks/deploy.yml").read_text())
     tagged = [tag for play in plays for tag in play.get("tags", []) if tag != "always"]
-    assert tagged == list(ds.STAGES)
+    assert tagged == list(ds.load().order)
 
 
 def _roles_named(node) -> set[str]:
@@ -120,19 +120,20 @@ def _roles_entered(role: str) -> set[str]:
     return entered
 
 
-@pytest.mark.parametrize("stage", list(ds.STAGES))
+@pytest.mark.parametrize("stage", EVERY_STAGE)
 def test_each_stage_reads_only_the_roles_its_entry_names(stage):
-    """What the stage's playbook enters, and what those roles enter in turn, is in its entry
-    of STAGES; else a --tags run of it would reach a role whose settings preflight skipped."""
+    """What the stage's playbook enters, and what those roles enter in turn, is its entry of
+    load().roles; else a --tags run of it would reach a role whose settings preflight skipped."""
     plays = yaml.safe_load((ROOT / "playbooks" / f"{stage}.yml").read_text())
     direct = _roles_named(plays)
     entered, new = set(), set(direct)
     while new:
         entered |= new
         new = set().union(*(_roles_entered(role) for role in new)) - entered
+    roles = ds.load().roles[stage]
     assert direct, stage
-    assert ds.STAGES[stage][0] in direct
-    assert entered <= set(ds.STAGES[stage]), sorted(entered - set(ds.STAGES[stage]))
+    assert roles[0] in direct
+    assert entered == set(roles), sorted(entered ^ set(roles))
 
 
 def test_every_role_preflight_checks_is_in_the_table():
@@ -142,7 +143,7 @@ def test_every_role_preflight_checks_is_in_the_table():
         for task in plays[0]["tasks"]
         if "ansible.builtin.include_role" in task
     ]
-    assert sorted(checked) == sorted(ds.ROLES)
+    assert sorted(checked) == sorted(ds.load().all_roles)
 
 
 def test_preflight_and_every_stage_guard_ask_the_filters():
@@ -157,7 +158,7 @@ def test_preflight_and_every_stage_guard_ask_the_filters():
         "deploy_state_first_stage | default(''))" in " ".join(guard.split())
     )
     # monitoring.yml's plays have no guard: deploy.yml enters them only with spark_monitoring.
-    for stage in [stage for stage in ds.STAGES if stage != "monitoring"]:
+    for stage in [stage for stage in EVERY_STAGE if stage != "monitoring"]:
         text = (ROOT / "playbooks" / f"{stage}.yml").read_text()
         assert re.search(rf"deploy_stage: {stage}\b", text), f"{stage}.yml names no stage"
 
@@ -273,39 +274,96 @@ def test_the_fingerprints_refuse_settings_that_are_no_mapping():
         filters.deploy_state_fingerprints([], COMMON)
 
 
-def _files_of(roles) -> str:
-    """The text of the task files, templates and scripts of these roles; their defaults,
-    argument specs and READMEs left out (a role's defaults name other roles' settings only to
-    derive its own from spark_*, and the documents only describe)."""
-    texts = []
-    for role in roles:
+def _stage_text(stage: str) -> str:
+    """Everything a stage could read, found another way than the module: the whole text of its
+    playbook, of the task files under playbooks/tasks, and of every file of its roles but their
+    READMEs and files/ (copied as they are)."""
+    texts = [(ROOT / "playbooks" / f"{stage}.yml").read_text()]
+    texts += [path.read_text() for path in sorted((ROOT / "playbooks/tasks").glob("*.yml"))]
+    for role in ds.load().roles[stage]:
         for path in sorted((ROOT / "roles" / role).rglob("*")):
-            if (
-                path.is_file()
-                and path.suffix in (".yml", ".yaml", ".j2", ".py", ".sh")
-                and not {"defaults", "meta"} & set(path.parts)
-            ):
+            if path.is_file() and path.name != "README.md" and "files" not in path.parts:
                 texts.append(path.read_text(errors="ignore"))
     return "\n".join(texts)
 
 
+def _setting_names() -> set[str]:
+    """Every setting a user can give: the roles' defaults, the names their values read (a
+    setting with no default of its own, such as vllm_serve_allowed_sources), the argument
+    specs, and the names the example and simulated inventories set."""
+    names: set[str] = set()
+    for path in sorted(ROOT.glob("roles/*/defaults/main.yml")):
+        names |= set(yaml.safe_load(path.read_text()) or {})
+        names |= set(re.findall(r"\b[a-z][a-z0-9]*_[a-z0-9_]+", path.read_text()))
+    for path in sorted(ROOT.glob("roles/*/meta/argument_specs.yml")):
+        for spec in (yaml.safe_load(path.read_text())["argument_specs"]).values():
+            names |= set(spec.get("options") or {})
+    for path in sorted(ROOT.glob("inventories/*/**/*.yml")):
+        data = yaml.safe_load(path.read_text())
+        if isinstance(data, dict):
+            names |= set(data)
+    return {name for name in names if ds.load().settings.fullmatch(name)}
+
+
 def test_no_stage_reads_a_setting_before_the_stage_it_belongs_to():
     """A setting changed must never leave a stage that reads it out of the run: every stage
-    that reads a role's setting comes at or after setting_stage's. Read from the roles' files,
-    so a new cross-role read fails here until the table knows it."""
-    names = set()
-    for defaults in sorted(ROOT.glob("roles/*/defaults/main.yml")):
-        names |= {
-            name
-            for name in yaml.safe_load(defaults.read_text()) or {}
-            if re.match(r"(host_prep|hybrid_image|model_cache|ray_cluster|vllm_serve)_", name)
-        }
-    order = list(ds.STAGES)
-    readers = {stage: _files_of(ds.STAGES[stage]) for stage in order}
-    assert len(names) > 100, len(names)
+    whose files name a setting comes at or after setting_stage's. Read from the files by a
+    plain search, so a new cross-role read (host_prep's firewall reading
+    vllm_serve_allowed_sources) that the module missed fails here."""
+    names = _setting_names()
+    order = EVERY_STAGE
+    readers = {stage: _stage_text(stage) for stage in order}
+    assert len(names) > 200, len(names)
+    assert "vllm_serve_allowed_sources" in names
     early = {}
     for name in sorted(names):
         reading = [stage for stage in order if re.search(rf"\b{name}\b", readers[stage])]
         if reading and order.index(reading[0]) < order.index(ds.setting_stage(name)):
-            early[name] = reading[0]
+            early[name] = (reading[0], ds.setting_stage(name))
     assert early == {}
+
+
+def test_who_may_reach_the_endpoint_is_host_prep_s_to_read():
+    """The firewall (host_prep) builds the serving port's sources from the serving setting:
+    a change of it starts the run at host_prep, so the table follows it."""
+    assert ds.setting_stage("vllm_serve_allowed_sources") == "host_prep"
+    before = ds.fingerprints({"vllm_serve_allowed_sources": ["172.30.240.0/24"]}, COMMON)
+    after = ds.fingerprints({"vllm_serve_allowed_sources": ["198.51.100.0/24"]}, COMMON)
+    assert [stage for stage in before if before[stage] != after[stage]] == ["host_prep"]
+
+
+def test_a_default_that_derives_from_another_setting_carries_the_read(tmp_path):
+    """A stage reads what its settings' defaults read, through any role's defaults."""
+    (tmp_path / "playbooks").mkdir()
+    (tmp_path / "playbooks/deploy.yml").write_text(
+        "- ansible.builtin.import_playbook: a.yml\n  tags: [a]\n"
+        "- ansible.builtin.import_playbook: b.yml\n  tags: [b]\n"
+    )
+    for stage, role in (("a", "alpha"), ("b", "beta")):
+        (tmp_path / f"playbooks/{stage}.yml").write_text(
+            f"- hosts: all\n  roles:\n    - role: dgx_spark.cluster.{role}\n"
+        )
+    for role, defaults in (
+        ("alpha", "alpha_x: '{{ spark_shared }}'\n"),
+        ("beta", "beta_y: 1\n"),
+        ("spark_defaults", "spark_shared: '{{ beta_y | default(2) }}'\n"),
+    ):
+        (tmp_path / f"roles/{role}/defaults").mkdir(parents=True)
+        (tmp_path / f"roles/{role}/defaults/main.yml").write_text(defaults)
+    stages = ds.load(str(tmp_path))
+    assert stages.order == ("a", "b")
+    assert stages.roles == {"a": ("alpha",), "b": ("beta",)}
+    # beta_y is beta's own setting, but alpha's default reads it through spark_shared.
+    assert ds.setting_stage("beta_y", stages) == "a"
+    assert ds.setting_stage("spark_shared", stages) == "a"
+    assert ds.setting_stage("nobody_reads_this", stages) == "a"
+    assert ds.stages_reached(["beta"], [], "", stages) == ["b"]
+
+
+def test_the_fingerprint_covers_every_stage_role_s_settings():
+    """deploy_state's names pattern lists spark_ and every role a stage enters."""
+    pattern = yaml.safe_load((ROOT / "roles/deploy_state/vars/main.yml").read_text())[
+        "_deploy_state_setting_names"
+    ]
+    prefixes = set(re.fullmatch(r"\^\((.*)\)_", pattern).group(1).split("|"))
+    assert prefixes == {"spark"} | {role for roles in ds.load().roles.values() for role in roles}

@@ -1,0 +1,272 @@
+# Copyright: contributors to the dgx_spark.cluster collection
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""deploy.yml's stages as the collection's own files state them, for the controller's filters:
+
+* their order: ``playbooks/deploy.yml``'s imports that carry a tag (the tag is the stage);
+* the roles each enters: its playbook's ``roles:``, ``include_role`` and ``import_role``, and
+  what those roles' task files enter in turn (the first role under ``roles:`` is its own);
+* the settings each reads: every setting's name written in that playbook, the task files it
+  imports, and its roles' defaults, vars, tasks, handlers, templates and argument specs, and
+  every name the defaults of those settings derive from (a role's default may read another
+  role's setting: host_prep builds the firewall from ``vllm_serve_allowed_sources``).
+
+So a changed setting moves the record's digest of the first stage that reads it (the run starts
+there), and nothing is guessed from a setting's prefix. Which stages a run's tags reach follows
+from the same order and roles. A setting is a name that starts with ``spark_`` or with the name
+of a role a stage enters; one that no stage reads is the first stage's (when unsure, every
+stage)."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+COLLECTION = "dgx_spark.cluster."
+# Checked on every run of deploy.yml: the record's settings and the settings no stage owns.
+ALWAYS = ("deploy_state", "operate")
+# Tags that select more than one stage's tasks, or tasks of every stage.
+EVERY = frozenset({"all", "always", "tagged", "untagged"})
+# The folders of a role whose files can read a setting (files/ is copied as it is; the README
+# only describes).
+READ_FOLDERS = ("defaults", "vars", "tasks", "handlers", "templates", "meta")
+INCLUDE_ROLE = {
+    f"{ns}{verb}_role" for ns in ("", "ansible.builtin.") for verb in ("include", "import")
+}
+INCLUDE_TASKS = {
+    f"{ns}{verb}_tasks" for ns in ("", "ansible.builtin.") for verb in ("include", "import")
+}
+IMPORT_PLAYBOOK = {"import_playbook", "ansible.builtin.import_playbook"}
+
+
+@dataclass(frozen=True)
+class Stages:
+    """order: the stages; roles: stage -> the roles it enters, its own first; reads: stage ->
+    the settings it reads; settings: the pattern a setting's name matches."""
+
+    order: tuple
+    roles: dict
+    reads: dict
+    settings: re.Pattern
+
+    @property
+    def first(self) -> str:
+        return self.order[0]
+
+    @property
+    def all_roles(self) -> tuple:
+        """Every stage's roles in stage order, then ALWAYS: the roles preflight checks."""
+        found = dict.fromkeys(role for stage in self.order for role in self.roles[stage])
+        return tuple(found) + ALWAYS
+
+
+# libyaml's parser where PyYAML has it: the pure-Python one takes a second over these files.
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def _load_yaml(path: Path):
+    return yaml.load(path.read_text(), Loader=_LOADER) if path.is_file() else None  # noqa: S506
+
+
+def _role_name(value) -> str | None:
+    name = value.get("name") if isinstance(value, dict) else value
+    if isinstance(name, str) and name.startswith(COLLECTION):
+        return name[len(COLLECTION) :]
+    return None
+
+
+def _entries(node, own: list, entered: list, task_files: list) -> None:
+    """Walk a playbook or task file: the roles under ``roles:`` (into ``own``), the roles it
+    includes or imports (``entered``), the task files it imports or includes."""
+    if isinstance(node, list):
+        for item in node:
+            _entries(item, own, entered, task_files)
+        return
+    if not isinstance(node, dict):
+        return
+    for key, value in node.items():
+        if key == "roles" and isinstance(value, list):
+            own += [
+                name
+                for item in value
+                if (name := _role_name(item.get("role") if isinstance(item, dict) else item))
+            ]
+        elif key in INCLUDE_ROLE:
+            if name := _role_name(value):
+                entered.append(name)
+        elif key in INCLUDE_TASKS and isinstance(value, (str, dict)):
+            task_files.append(value if isinstance(value, str) else value.get("file", ""))
+        elif key not in IMPORT_PLAYBOOK:
+            _entries(value, own, entered, task_files)
+
+
+def _role_texts(root: Path, role: str) -> list[str]:
+    base = root / "roles" / role
+    return [
+        path.read_text(errors="ignore")
+        for folder in READ_FOLDERS
+        for path in sorted((base / folder).rglob("*"))
+        if path.is_file()
+    ]
+
+
+@functools.lru_cache(maxsize=64)
+def _roles_entered_by(root: Path, role: str) -> list[str]:
+    entered: list[str] = []
+    for path in sorted((root / "roles" / role / "tasks").rglob("*.yml")):
+        _entries(_load_yaml(path), entered, entered, [])
+    return entered
+
+
+def _definitions(root: Path, pattern: re.Pattern) -> dict[str, set]:
+    """Every role's defaults and vars: a name -> the settings its value reads."""
+    found: dict[str, set] = {}
+    for path in sorted(root.glob("roles/*/defaults/main.yml")) + sorted(
+        root.glob("roles/*/vars/main.yml")
+    ):
+        for name, value in (_load_yaml(path) or {}).items():
+            found.setdefault(str(name), set()).update(pattern.findall(json.dumps(value)))
+    return found
+
+
+def _closure(names: set, definitions: dict) -> frozenset:
+    seen, todo = set(), list(names)
+    while todo:
+        name = todo.pop()
+        if name not in seen:
+            seen.add(name)
+            todo += definitions.get(name, ())
+    return frozenset(seen)
+
+
+@functools.lru_cache(maxsize=4)
+def load(root: str = str(ROOT)) -> Stages:
+    """The stages read from the collection at ``root``."""
+    base = Path(root)
+    order, roles, texts = [], {}, {}
+    for entry in _load_yaml(base / "playbooks" / "deploy.yml") or []:
+        tags = [tag for tag in entry.get("tags", []) if tag not in EVERY]
+        playbook = next((entry[key] for key in IMPORT_PLAYBOOK if key in entry), None)
+        if not tags or not playbook:
+            continue
+        stage = str(tags[0])
+        own: list[str] = []
+        entered: list[str] = []
+        task_files: list[str] = []
+        path = base / "playbooks" / playbook
+        _entries(_load_yaml(path), own, entered, task_files)
+        stage_texts = [path.read_text(), json.dumps(entry)]
+        stage_texts += [
+            (base / "playbooks" / name).read_text()
+            for name in task_files
+            if (base / "playbooks" / name).is_file()
+        ]
+        found = list(dict.fromkeys(own + entered))
+        todo = list(found)
+        while todo:
+            for role in _roles_entered_by(base, todo.pop(0)):
+                if role not in found:
+                    found.append(role)
+                    todo.append(role)
+        order.append(stage)
+        roles[stage] = tuple(found)
+        texts[stage] = stage_texts + [text for role in found for text in _role_texts(base, role)]
+    prefixes = ["spark"] + sorted({role for stage in order for role in roles[stage]})
+    pattern = re.compile(r"\b(?:" + "|".join(prefixes) + r")_\w*[A-Za-z0-9]")
+    definitions = _definitions(base, pattern)
+    reads = {
+        stage: _closure(
+            {name for text in texts[stage] for name in pattern.findall(text)}, definitions
+        )
+        for stage in order
+    }
+    return Stages(tuple(order), roles, reads, pattern)
+
+
+def stage_of(tag: str, stages: Stages | None = None) -> str | None:
+    """The stage a tag selects: the stage's own tag, its own role's name, or one of that role's
+    tags (``<role>_...``); None for any other tag."""
+    stages = stages or load()
+    for stage in stages.order:
+        own = stages.roles[stage][0]
+        if tag in (stage, own) or tag.startswith(own + "_"):
+            return stage
+    return None
+
+
+def stages_from(first: str, stages: Stages | None = None) -> list[str]:
+    """The stages a full run runs when ``first`` is the earliest with anything to do: that one
+    and every stage after it; every stage for '' or a name that is no stage."""
+    order = list((stages or load()).order)
+    return order[order.index(first) :] if first in order else order
+
+
+def stages_reached(
+    run_tags, skip_tags=(), first: str = "", stages: Stages | None = None
+) -> list[str]:
+    """The stages, in deploy.yml's order, whose tasks a run with these ``--tags`` and
+    ``--skip-tags`` (Ansible's ansible_run_tags and ansible_skip_tags) can reach. Only a stage
+    whose own tag is skipped is left out for a skip; a skipped role tag leaves the rest of its
+    stage to run. ``first``: the earliest stage a full run found anything to do in (the
+    in-step check's deploy_state_first_stage); the stages before it are not reached."""
+    stages = stages or load()
+    run = {str(tag) for tag in run_tags or ["all"]}
+    skipped = {str(tag) for tag in skip_tags or []}
+    named = {stage_of(tag, stages) for tag in run}
+    if run & EVERY or None in named:
+        named = set(stages.order)
+    return [
+        stage for stage in stages_from(first, stages) if stage in named and stage not in skipped
+    ]
+
+
+def roles_to_validate(
+    run_tags, skip_tags=(), first: str = "", stages: Stages | None = None
+) -> list[str]:
+    """The roles preflight checks for such a run: those the reached stages enter, and ALWAYS."""
+    stages = stages or load()
+    reached = stages_reached(run_tags, skip_tags, first, stages)
+    wanted = {role for stage in reached for role in stages.roles[stage]}
+    return [role for role in stages.all_roles if role in wanted or role in ALWAYS]
+
+
+def setting_stage(name: str, stages: Stages | None = None) -> str:
+    """The first stage, in deploy.yml's order, that reads a setting: a change to it leaves the
+    stages before that one nothing to do. The first stage for a name no stage reads."""
+    stages = stages or load()
+    return next((stage for stage in stages.order if name in stages.reads[stage]), stages.first)
+
+
+def digest(value) -> str:
+    """SHA-256 of the canonical JSON of a value (sorted keys; what JSON lacks as its text)."""
+    text = json.dumps(value, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def fingerprints(settings: dict, common, stages: Stages | None = None) -> dict[str, str]:
+    """{stage: digest} for deploy.yml's record: each stage's digest covers the settings that
+    stage is the first to read (setting_stage); the first stage's also covers ``common`` (the
+    inventory's hosts and groups, the collection's files), which every stage reads."""
+    stages = stages or load()
+    parts: dict[str, dict] = {stage: {} for stage in stages.order}
+    for name, value in settings.items():
+        parts[setting_stage(str(name), stages)][str(name)] = value
+    digests = {stage: digest(part) for stage, part in parts.items()}
+    digests[stages.first] = digest({"settings": parts[stages.first], "common": common})
+    return digests
+
+
+def earliest(names, stages: Stages | None = None) -> str:
+    """The first of these stages in deploy.yml's order; the first stage for a name that is no
+    stage (when unsure, every stage), '' for none."""
+    stages = stages or load()
+    given = [str(stage) for stage in names or []]
+    if any(stage not in stages.order for stage in given):
+        return stages.first
+    return min(given, key=stages.order.index) if given else ""
