@@ -21,7 +21,7 @@ description:
     entry point), so that a changed collection (an upgrade, a local edit) is never mistaken
     for a pair already in step.
 author:
-  - dgx_spark.cluster developers (!UNKNOWN)
+  - dgx_spark.cluster contributors (!UNKNOWN)
 options: {}
 """
 

@@ -26,7 +26,7 @@ description:
   - The deploy_state role runs it for C(deploy.yml), O(state=compared) in its C(in_step)
     entry point and O(state=recorded) in its C(record) entry point.
 author:
-  - dgx_spark.cluster developers (!UNKNOWN)
+  - dgx_spark.cluster contributors (!UNKNOWN)
 attributes:
   check_mode:
     support: full

@@ -21,7 +21,7 @@ description:
     outside O(path) is reported, and with O(expected) it fails the task.
   - Changes nothing, so it always reports RV(ignore:changed=false).
 author:
-  - dgx_spark.cluster developers (!UNKNOWN)
+  - dgx_spark.cluster contributors (!UNKNOWN)
 attributes:
   check_mode:
     support: full

@@ -35,7 +35,7 @@ description:
     configuration is the same in every respect the probe reads returns it (RV(cached)) without
     running a container. A refusal is never remembered, so it is asked again every time.
 author:
-  - dgx_spark.cluster developers (!UNKNOWN)
+  - dgx_spark.cluster contributors (!UNKNOWN)
 attributes:
   check_mode:
     support: full

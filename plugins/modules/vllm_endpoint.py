@@ -20,7 +20,7 @@ description:
     at once and returns vLLM's own reason from the container's log (RV(excerpt)).
   - Changes nothing, so it always reports RV(ignore:changed=false).
 author:
-  - dgx_spark.cluster developers (!UNKNOWN)
+  - dgx_spark.cluster contributors (!UNKNOWN)
 attributes:
   check_mode:
     support: full

@@ -21,7 +21,7 @@ description:
     status report can list the problem. It fails only on bad arguments.
   - Sends only one tiny completion and reads; changes nothing, so RV(ignore:changed) is false.
 author:
-  - dgx_spark.cluster developers (!UNKNOWN)
+  - dgx_spark.cluster contributors (!UNKNOWN)
 attributes:
   check_mode:
     support: full

@@ -26,7 +26,7 @@ description:
     vLLM (and torch) does.
   - The probe containers have networking disabled and are always removed.
 author:
-  - dgx_spark.cluster developers (!UNKNOWN)
+  - dgx_spark.cluster contributors (!UNKNOWN)
 attributes:
   check_mode:
     support: full

@@ -28,7 +28,7 @@ description:
     rank), the nodes share O(group); the O(leader)'s verdict ends the others' waits.
   - Changes nothing, so it always reports RV(ignore:changed=false).
 author:
-  - dgx_spark.cluster developers (!UNKNOWN)
+  - dgx_spark.cluster contributors (!UNKNOWN)
 attributes:
   action:
     support: full
