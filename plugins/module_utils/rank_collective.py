@@ -26,12 +26,14 @@ from ansible_collections.dgx_spark.cluster.plugins.module_utils.link_checks impo
     nccl_device_mismatch,
     nccl_transport,
 )
+from ansible_collections.dgx_spark.cluster.plugins.module_utils.nccl_choice import (
+    RECOMMENDED_NCCL,
+    in_hang_range,
+)
 
 MARK = "dgx-spark-collective: "
 RECORD_FORMAT = 1
-NCCL_LIBRARY_MODES = ("image", "host")
-# NCCL 2.28.x has public deadlock reports on GB10 pairs; 2.30.7 is the version recommended.
-RECOMMENDED_NCCL = (2, 30, 7)
+NCCL_LIBRARY_MODES = ("auto", "image", "host")
 # faulthandler.dump_traceback_later prints this when the script's own deadline passes.
 _HANG = re.compile(r"^Timeout \(\d+:\d\d:\d\d\)!", re.M)
 _NCCL_VERSION = re.compile(r"NCCL INFO NCCL version (\S+)")
@@ -103,12 +105,15 @@ def _advice(
     version = version_tuple(parsed["nccl_version"])
     if version and version < RECOMMENDED_NCCL:
         wanted = ".".join(map(str, RECOMMENDED_NCCL))
-        if nccl_library == "image":
+        if nccl_library != "host":
             tries.append(
                 "spark_nccl_library: host (the ranks load the node's libnccl instead of the "
                 "image's, the public cure for TP=2 hangs on two Sparks)"
             )
-        tries.append(f"NCCL >= {wanted} (2.28.x has public deadlock reports)")
+        reported = "2.28.x has public deadlock reports on GB10 pairs"
+        tries.append(
+            f"NCCL >= {wanted} ({reported if in_hang_range(version[:3]) else 'recommended'})"
+        )
     kind = parsed["transport"].get("transport", "unknown")
     if require_ib and (kind != "IB" or devices):
         tries.append(

@@ -141,6 +141,15 @@ def test_with_the_hosts_nccl_the_advice_is_a_newer_host_nccl():
     assert "NCCL >= 2.30.7" in message and "(spark_nccl_library: host)" in message
 
 
+def test_with_auto_a_hang_on_2_28_advises_the_hosts_nccl_and_names_the_reports():
+    hang = "Timeout (0:03:00)!\n"
+    nodes = spark_nodes("all_gather_perf_spark_ib.txt", hang, hang, rc0=None, rc1=None)
+    message = rc.decide(nodes, nccl_library="auto")["message"]
+    assert "spark_nccl_library: host (the ranks" in message
+    assert "NCCL >= 2.30.7 (2.28.x has public deadlock reports on GB10 pairs)" in message
+    assert "(spark_nccl_library: auto)" in message
+
+
 def test_the_cable_in_port_0_with_port_1s_twins_configured_fails_on_the_devices():
     # The port-0 capture (NET/IB on rocep1s0f0/roceP2p1s0f0) with NCCL_IB_HCA of port 1.
     nodes = spark_nodes("all_gather_perf_spark_port0.txt", result("nccl", 0), result("nccl", 1))
