@@ -59,7 +59,7 @@ def parse_meminfo(text: str) -> dict[str, int]:
     fields: dict[str, int] = {}
     for number, raw in enumerate((text or "").splitlines(), start=1):
         line = raw.strip()
-        if not line or line.startswith("#"):
+        if not line:
             continue
         match = _LINE.match(line)
         if not match:
@@ -77,7 +77,7 @@ def parse_compute_apps(text: str) -> dict[int, int | None]:
     apps: dict[int, int | None] = {}
     for raw in (text or "").splitlines():
         line = raw.strip()
-        if not line or line.startswith("#") or line.lower().startswith("no running"):
+        if not line or line.lower().startswith("no running"):
             continue
         cells = [c.strip() for c in line.split(",")]
         if len(cells) != 2 or not cells[0].isdigit():

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from support.captures import tool_output
 
 ROOT = Path(__file__).resolve().parents[3]
 BIN = Path(sys.executable).parent
@@ -39,8 +40,11 @@ def validate(tmp_path: Path, fixture: str | None, links: list[dict]) -> str:
     stub = tmp_path / "bin"
     stub.mkdir()
     if fixture is not None:
+        # The stand-in prints what the tool printed: the fixture without its provenance header.
+        output = tmp_path / "ibdev2netdev.out"
+        output.write_text(tool_output(FIXTURES / fixture))
         tool = stub / "ibdev2netdev"
-        tool.write_text(f"#!/bin/sh\ncat '{FIXTURES / fixture}'\n")
+        tool.write_text(f"#!/bin/sh\ncat '{output}'\n")
         tool.chmod(0o755)
     host = {
         "ansible_connection": "local",

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import importlib.util
-import json
 from pathlib import Path
 
 import pytest
 from ansible_collections.dgx_spark.cluster.plugins.module_utils import bench_results
+from support.captures import load_json
 
 ROOT = Path(__file__).resolve().parents[3]
 FIXTURES = ROOT / "tests" / "unit" / "fixtures" / "operate"
@@ -27,7 +27,7 @@ def plot():
 def _results_dir(path: Path, scale: float = 1.0) -> Path:
     rows = []
     for fixture in sorted(FIXTURES.glob("bench_serve_*.json")):
-        row = bench_results.summary_row(json.loads(fixture.read_text()), 96, 24)
+        row = bench_results.summary_row(load_json(fixture), 96, 24)
         row["output_throughput"] *= scale
         rows.append(row)
     path.mkdir()

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from support.captures import tool_output
 
 ROOT = Path(__file__).resolve().parents[3]
 BIN = Path(sys.executable).parent
@@ -86,15 +87,18 @@ def run(tmp_path: Path, docker_api, samples: dict, running=(), **extra) -> dict:
     stubs = tmp_path / "bin"
     stubs.mkdir()
     (stubs / "docker").write_text("#!/bin/sh\n[ \"$1\" = top ] && printf 'PID\\n4100\\n4242\\n'\n")
-    apps = FIXTURES / "nvidia_smi_compute_apps_llama.txt"
+    # The stand-ins read the samples as the tools print them: without the provenance header.
+    apps = tmp_path / "compute_apps.csv"
+    apps.write_text(tool_output(FIXTURES / "nvidia_smi_compute_apps_llama.txt"))
     (stubs / "nvidia-smi").write_text(f"#!/bin/sh\ncat '{apps}'\n")
     for stub in stubs.iterdir():
         stub.chmod(0o755)
     host = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
-    hosts = {
-        name: {**host, "_vllm_serve_meminfo_path": str(FIXTURES / sample)}
-        for name, sample in samples.items()
-    }
+    hosts = {}
+    for name, sample in samples.items():
+        meminfo = tmp_path / f"meminfo_{name}"
+        meminfo.write_text(tool_output(FIXTURES / sample))
+        hosts[name] = {**host, "_vllm_serve_meminfo_path": str(meminfo)}
     inventory = {
         "all": {
             "vars": {"spark_hardware": True, **extra},

@@ -9,8 +9,9 @@ from ansible_collections.dgx_spark.cluster.plugins.action import vllm_start_wait
 from support.captures import tool_output
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "vllm_serve"
-RAY_SIM = tool_output(FIXTURES / "start_ray_sim_reconstructed.log").splitlines()
-STALLED = tool_output(FIXTURES / "start_stalled_weights_reconstructed.log").splitlines()
+# The sim's own Ray start (make demo, 2026-12-04), and its first lines up to shard 0/2.
+RAY_SIM = tool_output(FIXTURES / "start_ray_sim_demo.log").splitlines()
+STALLED = tool_output(FIXTURES / "start_stalled_weights_sim.log").splitlines()
 
 
 class Clock:
@@ -102,12 +103,12 @@ def test_a_stalled_start_is_judged_within_the_stall_time_naming_the_phase(monkey
     assert not result["healthy"] and result["stalled"] is True
     assert result["phase"] == "weights"
     assert result["reason"] == (
-        "the start stalled while loading weights: Worker_TP0 1/2 shards, 30.00s/it: no "
-        "progress in the logs for 120 s (vllm_serve_start_stall_timeout is 120 s)"
+        "the start stalled while loading weights: driver 0/2 shards: no progress in the logs "
+        "for 120 s (vllm_serve_start_stall_timeout is 120 s)"
     )
     # the last progress came with the first poll (10 s): judged 120 s after it, no later
     assert clock.now - start == 130
-    assert printed[0].startswith("[spark-1] vLLM start, 0m10s: loading weights: Worker_TP0 1/2")
+    assert printed[0] == "[spark-1] vLLM start, 0m10s: loading weights: driver 0/2 shards"
     # a line at least every minute while nothing happens
     assert printed[1].startswith("[spark-1] vLLM start, 1m10s: loading weights")
 
@@ -129,15 +130,19 @@ def test_a_container_that_exits_ends_the_wait_at_once(monkeypatch):
 
 
 def test_lines_seen_in_an_earlier_poll_are_skipped_and_since_advances(monkeypatch):
-    first = RAY_SIM[:12]
-    answers = [_log(first), _log(first + RAY_SIM[12:13]), _log([RAY_SIM[-1]]) | {"healthy": True}]
+    first = STALLED  # through shard 0/2
+    done = next(i for i, line in enumerate(RAY_SIM) if "| 2/2 [" in line)
+    (serving,) = [line for line in RAY_SIM if "Application startup complete" in line]
+    answers = [_log(first), _log(RAY_SIM[: done + 1]), _log([serving]) | {"healthy": True}]
     result, printed, polls = _run(monkeypatch, answers, Clock(), step=5)
     assert result["healthy"]
     assert polls[0] == 0.0
-    assert polls[1] == pytest.approx(vllm_start_wait.vllm_start.split_line(first[-1])[0])
+    # tqdm's bar line has no timestamp: the last stamped line before it sets ``since``.
+    assert first[-1].startswith("Loading safetensors checkpoint shards:   0% Completed | 0/2")
+    assert polls[1] == pytest.approx(vllm_start_wait.vllm_start.split_line(first[-2])[0])
     assert printed == [
-        "[spark-1] vLLM start, 0m05s: loading weights: 10.0.0.1 0/2 shards",
-        "[spark-1] vLLM start, 0m10s: loading weights: 10.0.0.1 1/2 shards, 30.00s/it",
+        "[spark-1] vLLM start, 0m05s: loading weights: driver 0/2 shards",
+        "[spark-1] vLLM start, 0m10s: loading weights: driver 2/2 shards, 176.14it/s",
         "[spark-1] vLLM start, 0m15s: serving",
     ]
 

@@ -77,7 +77,7 @@ def test_check_dispatches_and_turns_unreadable_output_into_a_failure():
 
 def test_cabled_takes_the_registered_command_as_ansible_gives_it():
     links = [{"address": "198.51.100.11/24"}]
-    text = (FIXTURES / "ibdev2netdev_port0.txt").read_text()
+    text = tool_output(FIXTURES / "ibdev2netdev_port0.txt")
     got = hp.host_prep_cabled(links, text, "spark-1", "0", None)
     assert got["errors"] == []
     assert got["links"][0]["netdev"] == "enp1s0f0np0"

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from ansible.errors import AnsibleFilterError
 from ansible_collections.dgx_spark.cluster.plugins.filter import operate
+from support.captures import load_json
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "operate"
 SETTINGS = {
@@ -22,7 +23,7 @@ SETTINGS = {
 
 
 def _answers(name):
-    return json.loads((FIXTURES / name).read_text())
+    return load_json(FIXTURES / name)
 
 
 def _report(name):
@@ -68,7 +69,7 @@ def test_ray_not_asked():
 
 def test_bench_summary_and_a_broken_result():
     runs = [
-        {"file": f.name, "result": json.loads(f.read_text()), "input_len": 96, "output_len": 24}
+        {"file": f.name, "result": load_json(f), "input_len": 96, "output_len": 24}
         for f in sorted(FIXTURES.glob("bench_serve_*.json"))
     ]
     summary = operate.operate_bench_summary(runs)

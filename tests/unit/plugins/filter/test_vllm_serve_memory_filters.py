@@ -8,12 +8,13 @@ from pathlib import Path
 import pytest
 from ansible.errors import AnsibleFilterError
 from ansible_collections.dgx_spark.cluster.plugins.filter import vllm_serve_memory as f
+from support.captures import tool_output
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "vllm_serve"
 
 
 def fixture(name: str) -> str:
-    return (FIXTURES / name).read_text()
+    return tool_output(FIXTURES / name)
 
 
 def test_the_ranks_pids_come_from_docker_top_outputs():

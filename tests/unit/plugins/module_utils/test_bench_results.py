@@ -5,18 +5,18 @@ from __future__ import annotations
 import copy
 import csv
 import io
-import json
 from pathlib import Path
 
 import pytest
 from ansible_collections.dgx_spark.cluster.plugins.module_utils import bench_results
+from support.captures import load_json
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "operate"
 RUNS = {1: "bench_serve_c1_in96_out24.json", 4: "bench_serve_c4_in96_out24.json"}
 
 
 def _result(concurrency):
-    return json.loads((FIXTURES / RUNS[concurrency]).read_text())
+    return load_json(FIXTURES / RUNS[concurrency])
 
 
 @pytest.mark.parametrize("concurrency", sorted(RUNS))

@@ -9,6 +9,7 @@ import pytest
 from ansible_collections.dgx_spark.cluster.plugins.module_utils import cx7_ports as cp
 from ansible_collections.dgx_spark.cluster.plugins.module_utils import fast_link as fl
 from ansible_collections.dgx_spark.cluster.plugins.module_utils import link_checks as lc
+from support.captures import tool_output
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "host_prep"
 # inventories/sparks: addresses only, the names are found.
@@ -24,7 +25,7 @@ L0, L1 = "spark-1: host_prep_cx7_links[0]", "spark-1: host_prep_cx7_links[1]"
 
 
 def fixture(name: str) -> str:
-    return (FIXTURES / name).read_text()
+    return tool_output(FIXTURES / name)
 
 
 def named(links, name: str) -> dict:
@@ -233,7 +234,7 @@ def test_more_links_than_twins_is_refused():
 def test_every_fixture_is_what_ibdev2netdev_prints():
     """No header or comment: each line is one the tool prints (the README holds the sources)."""
     for path in sorted(FIXTURES.glob("ibdev2netdev_*.txt")):
-        entries = lc.parse_ibdev2netdev(path.read_text())
+        entries = lc.parse_ibdev2netdev(tool_output(path))
         assert len(entries) == 4, path.name
         assert {e["state"] for e in entries} <= {"Up", "Down"}, path.name
         assert sorted(cp.qsfp_ports(entries)) == [0, 1], path.name

@@ -1,10 +1,9 @@
 """Tests for plugins/module_utils/link_checks.py over the tools' output (tests/unit/fixtures/
 host_prep/, described in its README): each check passes and fails where it should.
 
-Every hardware fixture is either captured from the real tool or reconstructed from a public
-capture of it; its ``#|`` header says which, where and when (test_every_hardware_fixture_says_
-where_it_comes_from). A case no capture shows is made in the test from a real capture, and says
-what it changed."""
+Every fixture is captured from the real tool, derived from such a capture or reconstructed from
+a public one; its ``#|`` header says which, where and when (tests/unit/test_fixture_provenance.py).
+A case no capture shows is made in the test from a real capture, and says what it changed."""
 
 from __future__ import annotations
 
@@ -14,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from ansible_collections.dgx_spark.cluster.plugins.module_utils import link_checks as lc
-from support.captures import KINDS, split, tool_output
+from support.captures import tool_output
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "host_prep"
 TWINS = [
@@ -23,32 +22,17 @@ TWINS = [
 ]
 # comm.env's NCCL_IB_HCA for the twins of port 1 (fast_link.comm_env joins the twins' devices).
 SPARK_HCA = "rocep1s0f1,roceP2p1s0f1"
-HARDWARE = ("all_gather_perf_", "busbw_json_", "ethtool_", "ib_write_bw_", "ip_j_", "nccl_debug_",
-            "nvidia_smi_")  # fmt: skip
 
 
 def fixture(name: str) -> str:
     return tool_output(FIXTURES / name)
 
 
-def hardware_fixtures() -> list[Path]:
-    return sorted(p for p in FIXTURES.iterdir() if p.name.startswith(HARDWARE))
-
-
 # --------------------------------------------------------------------------- provenance
 
 
-@pytest.mark.parametrize("path", hardware_fixtures(), ids=lambda p: p.name)
-def test_every_hardware_fixture_says_where_it_comes_from(path):
-    header, output = split(path)
-    assert header.startswith(KINDS), f"{path.name}: no '#| captured' or '#| reconstructed' header"
-    if header.startswith("reconstructed"):
-        assert re.search(r"https://github\.com/\S+", header), f"{path.name}: no source address"
-    else:
-        assert re.search(r"20\d\d-\d\d-\d\d", header), f"{path.name}: no date"
-    assert output.strip(), f"{path.name}: no tool output after the header"
-    readme = (FIXTURES / "README.md").read_text()
-    assert f"`{path.name}`" in readme, f"{path.name} is not in the fixtures' README"
+# Every fixture's header (captured, derived or reconstructed) is checked for every fixture
+# folder by tests/unit/test_fixture_provenance.py, and each is named in its folder's README.
 
 
 def test_the_fixtures_readme_lists_no_file_that_is_gone():

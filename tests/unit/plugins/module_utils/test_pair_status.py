@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from ansible_collections.dgx_spark.cluster.plugins.module_utils import pair_status, ray_status
+from support.captures import load_json, tool_output
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "operate"
 SETTINGS = {
@@ -24,7 +25,7 @@ SETTINGS = {
 
 
 def _load(name):
-    return json.loads((FIXTURES / name).read_text())
+    return load_json(FIXTURES / name)
 
 
 @pytest.fixture
@@ -125,7 +126,7 @@ def test_endpoint_down_and_ray_short_of_a_node(answers):
             "models": [], "model": {}, "completion": {"ok": False}, "metrics": {}}  # fmt: skip
     report = _report(answers, endpoint=down)
     assert any("endpoint /health: Connection refused" in p for p in report["problems"])
-    one_node = (FIXTURES / "ray_status_one_node.txt").read_text()
+    one_node = tool_output(FIXTURES / "ray_status_one_node.txt")
     report = _report(answers, ray_text=one_node)
     assert any(p.startswith("Ray: 1 of 2 nodes alive") for p in report["problems"])
 

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 from ansible_collections.dgx_spark.cluster.plugins.module_utils import ray_status
+from support.captures import tool_output
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "operate"
 
@@ -22,7 +23,7 @@ FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "operate"
     ],
 )
 def test_alive_nodes_and_gpus(fixture, alive, gpus_used, gpus_total):
-    parsed = ray_status.parse((FIXTURES / fixture).read_text())
+    parsed = ray_status.parse(tool_output(FIXTURES / fixture))
     assert parsed["parsed"]
     assert parsed["alive_nodes"] == alive
     assert len(parsed["node_ids"]) == alive

@@ -8,16 +8,17 @@ from pathlib import Path
 
 import pytest
 from ansible_collections.dgx_spark.cluster.plugins.module_utils import spark_memory as sm
+from support.captures import tool_output
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "vllm_serve"
 GIB = 1 << 30
 
 
 def fixture(name: str) -> str:
-    return (FIXTURES / name).read_text()
+    return tool_output(FIXTURES / name)
 
 
-def test_parse_the_real_capture_skips_its_header_and_keeps_counts():
+def test_parse_the_real_capture_keeps_counts():
     fields = sm.parse_meminfo(fixture("meminfo_build_machine.txt"))
     assert fields["MemTotal"] == 24684084 * 1024
     assert 0 < fields["MemAvailable"] <= fields["MemTotal"]
@@ -40,7 +41,8 @@ def test_parse_a_spark_sample():
     ("text", "words"),
     [
         ("", "no MemTotal"),
-        ("# only a header\n", "no MemTotal"),
+        # A fixture's provenance header is the test helper's to cut, not the parser's.
+        ("#| captured 2026-12-01 on the build machine\nMemTotal: 1 kB\n", "line 1 is not"),
         ("MemTotal: lots\n", "line 1 is not a /proc/meminfo field"),
         ("total used free\nMem: 1 2 3\n", "line 1 is not"),
     ],
@@ -57,6 +59,8 @@ def test_parse_compute_apps_and_what_the_ranks_hold():
     assert held == {"bytes": 38554 * (1 << 20), "processes": [4242, 4300], "unknown": [4300]}
     assert sm.held_by(apps, [1, 2]) == {"bytes": 0, "processes": [], "unknown": []}
     assert sm.parse_compute_apps("No running processes found\n") == {}
+    with pytest.raises(sm.MeminfoError, match="not a 'pid, used_memory' line"):
+        sm.parse_compute_apps(f"#| reconstructed\n{fixture('nvidia_smi_compute_apps_llama.txt')}")
     assert sm.parse_compute_apps("") == {}
     with pytest.raises(sm.MeminfoError, match="pid, used_memory"):
         sm.parse_compute_apps("pid, used_memory [MiB]\n")
@@ -116,9 +120,15 @@ def test_what_the_running_ranks_hold_counts_back():
 def test_the_real_capture_of_a_small_machine_is_refused():
     result = sm.check_memory(fixture("meminfo_build_machine.txt"), 0.8, 8, host="build")
     assert result["passed"] is False
-    assert "total 23.54 GiB" in result["message"]
-    assert "needed 26.83 GiB" in result["message"]
-    assert "(no fraction fits now)" in result["message"] or "at most 0." in result["message"]
+    # 18.40 GiB available - the 8 GiB margin leaves 10.40 GiB = 0.44 of the 23.54 GiB total.
+    assert result["message"] == (
+        "build: memory cannot hold the start: total 23.54 GiB, available 18.40 GiB + 0.00 GiB "
+        "held by the running ranks, needed 26.83 GiB (gpu_memory_utilization 0.8 x total + "
+        "vllm_serve_memory_margin_gib 8). A start that does not fit hard-resets a GB10 host "
+        "(NV_ERR_NO_MEMORY), so nothing was stopped. Stop what else holds memory on this node, "
+        "or lower vllm_serve_gpu_memory_utilization (at most 0.44 fits now) or "
+        "vllm_serve_memory_margin_gib"
+    )
     assert sm.check_memory(fixture("meminfo_build_machine.txt"), 0.1, 0)["passed"]
 
 

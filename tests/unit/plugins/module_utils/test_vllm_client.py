@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from ansible.module_utils.urls import open_url
 from ansible_collections.dgx_spark.cluster.plugins.module_utils import vllm_client
+from support.captures import tool_output
 from support.http_stand_in import HttpStandIn
 
 KEY = "test-key-0123"
@@ -35,7 +36,7 @@ class StandIn(HttpStandIn):
         self.routes: dict[str, tuple[int, object, str]] = {
             "/health": (200, "", "text/plain"),
             "/v1/models": (200, MODELS, "application/json"),
-            "/metrics": (200, METRICS.read_text(), "text/plain"),
+            "/metrics": (200, tool_output(METRICS), "text/plain"),
             "/v1/completions": (200, {"choices": [{"text": " Paris"}], "usage": {
                 "prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6}},
                 "application/json"),
@@ -163,7 +164,7 @@ def test_models_are_the_entries_of_v1_models(vllm, opener):
 
 def test_metrics_come_back_as_text(vllm, opener):
     text, error = client(vllm, opener).metrics()
-    assert error == "" and text == METRICS.read_text()
+    assert error == "" and text == tool_output(METRICS)
     vllm.routes["/metrics"] = (500, "boom", "text/plain")
     assert client(vllm, opener).metrics() == (None, "HTTP 500: boom")
 

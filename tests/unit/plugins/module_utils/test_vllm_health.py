@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 from ansible_collections.dgx_spark.cluster.plugins.module_utils import vllm_health
+from support.captures import tool_output
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "vllm_serve"
 RUN = {"running": True, "restarts": 0, "started_at": "2026-11-30T06:00:00.1Z"}
@@ -50,7 +51,7 @@ def test_container_failure_names_every_container():
     ],
 )
 def test_error_excerpt_on_real_refusals(log, expected):
-    assert vllm_health.error_excerpt((FIXTURES / log).read_text()) == expected
+    assert vllm_health.error_excerpt(tool_output(FIXTURES / log)) == expected
 
 
 def test_error_excerpt_skips_warnings_and_keeps_error_lines():
@@ -89,7 +90,7 @@ def test_completion_ok(status, body, ok):
 def test_a_ranks_own_exception_comes_first_with_its_node():
     # A real failed start on the sim's pair (Ray backend, TP 2): the worker's shard had a
     # broken safetensors header. The driver then raised while shutting the group down.
-    excerpt = vllm_health.error_excerpt((FIXTURES / "loader_error_ray_worker.log").read_text())
+    excerpt = vllm_health.error_excerpt(tool_output(FIXTURES / "loader_error_ray_worker.log"))
     first, *rest = excerpt.split(" | ")
     assert first == (
         "the rank on 172.30.241.12: safetensors._safetensors_rust.SafetensorError:"

@@ -9,13 +9,27 @@ from ansible_collections.dgx_spark.cluster.plugins.module_utils import vllm_star
 from support.captures import KINDS, split, tool_output
 
 FIXTURES = Path(__file__).resolve().parents[3] / "unit" / "fixtures" / "vllm_serve"
-RAY_SIM = FIXTURES / "start_ray_sim_reconstructed.log"
+# The sim's own start (make demo, 2026-12-04): vLLM 0.32.0 prefixes a Ray actor's lines with
+# Ray's coloured "(RayWorkerProc pid=…, ip=…)" and, inside it, the rank's "(Worker_TP1 pid=…)".
+RAY_SIM = FIXTURES / "start_ray_sim_demo.log"
 SPARK_GPU = FIXTURES / "start_spark_gpu_reconstructed.log"
-STALLED = FIXTURES / "start_stalled_weights_reconstructed.log"
+STALLED = FIXTURES / "start_stalled_weights_sim.log"  # derived from RAY_SIM: cut at shard 0/2
 
 
 def _lines(path: Path) -> list[str]:
     return tool_output(path).splitlines()
+
+
+def _by_time(path: Path) -> list[str]:
+    """The lines in the order of Docker's timestamps: what polls a second apart would see.
+    Docker prints a container's two streams each in order but not merged by time; a line
+    without a timestamp (tqdm's redraw) keeps the time of the line before it."""
+    stamped, last = [], 0.0
+    for index, line in enumerate(_lines(path)):
+        if vllm_start.split_line(line)[0] is not None:
+            last = vllm_start.split_line(line)[0]
+        stamped.append((last, index, line))
+    return [line for _t, _i, line in sorted(stamped)]
 
 
 def _replay(path: Path, step: float = 1.0) -> tuple[vllm_start.StartProgress, list[dict]]:
@@ -27,57 +41,99 @@ def _replay(path: Path, step: float = 1.0) -> tuple[vllm_start.StartProgress, li
     return progress, events
 
 
-@pytest.mark.parametrize("path", [RAY_SIM, SPARK_GPU, STALLED])
-def test_reconstructed_logs_say_so(path):
-    header, body = split(path)
-    assert header.startswith(KINDS[1]), header
+def test_the_reconstructed_spark_log_says_so():
+    header, body = split(SPARK_GPU)
+    assert header.startswith(KINDS[2]), header
     assert "Replace with a capture" in header
     assert body.strip()
 
 
+def test_the_sim_logs_are_captured_or_cut_from_a_capture():
+    assert split(RAY_SIM)[0].startswith("captured 2026-12-04 on the simulated pair")
+    assert split(STALLED)[0].startswith("derived from `start_ray_sim_demo.log`")
+    assert _lines(STALLED) == _lines(RAY_SIM)[: len(_lines(STALLED))]
+
+
 def test_ray_start_goes_through_every_phase_in_order():
-    progress, events = _replay(RAY_SIM)
+    progress = vllm_start.StartProgress(started=0.0)
     phases = []
-    for event in events:
-        if not phases or phases[-1] != event["phase"]:
-            phases.append(event["phase"])
-    assert phases == ["peers", "weights", "kv_cache", "server", "serving"]
-    assert progress.phase == "serving"
+    for index, line in enumerate(_by_time(RAY_SIM)):
+        progress.feed([line], now=float(index))
+        if not phases or phases[-1] != progress.phase:
+            phases.append(progress.phase)
+    assert phases == ["starting", "peers", "weights", "kv_cache", "server", "serving"]
+    assert progress.summary() == "serving"
 
 
-def test_ray_actor_lines_are_told_apart_by_address():
+def test_read_in_dockers_order_the_start_never_goes_back():
+    # uvicorn's "Application startup complete" comes on the other stream before the ranks'
+    # lines Ray forwarded: the phase jumps to serving and stays there.
+    progress = vllm_start.StartProgress(started=0.0)
+    phases = []
+    for index, line in enumerate(_lines(RAY_SIM)):
+        progress.feed([line], now=float(index))
+        if not phases or phases[-1] != progress.phase:
+            phases.append(progress.phase)
+    assert phases == ["starting", "peers", "weights", "serving"]
+
+
+def test_ray_actor_lines_are_told_apart_by_rank_and_node():
     _progress, events = _replay(RAY_SIM)
-    # only rank 0 draws the shard bar; both ranks say when they start loading
-    assert {e["rank"] for e in events if e.get("bar")} == {"RayWorkerWrapper@10.0.0.1"}
+    # Ray's outer prefix names the node of a rank on another node; vLLM's inner one the rank.
     loading = {e["rank"] for e in events if e["text"].startswith("Starting to load model")}
-    assert loading == {"RayWorkerWrapper@10.0.0.1", "RayWorkerWrapper@10.0.0.2"}
+    assert loading == {"Worker_TP0", "Worker_TP1@172.30.241.12"}
+    joined = {e["rank"] for e in events if e["text"].startswith("world_size=2 rank=")}
+    assert joined == {"Worker", "Worker@172.30.241.12"}
+    assert not any("\x1b" in e["text"] or "RayWorkerProc" in e["text"] for e in events)
+    # Only rank 0 draws the shard bar; tqdm's carriage return puts it on a line of its own,
+    # after Ray's prefix, so the bar carries no rank.
+    assert [(e["rank"], e["bar"]["k"], e["bar"]["n"]) for e in events if e.get("bar")] == [
+        ("", 0, 2),
+        ("", 2, 2),
+    ]
 
 
 def test_shards_done_of_total_and_rate_in_the_summary():
     progress = vllm_start.StartProgress(started=0.0)
     lines = _lines(RAY_SIM)
-    upto = next(i for i, line in enumerate(lines) if "1/2 [00:30" in line)
-    progress.feed(lines[: upto + 1], now=10.0)
+    first = next(i for i, line in enumerate(lines) if "| 0/2 [" in line)
+    progress.feed(lines[: first + 1], now=10.0)
     assert progress.phase == "weights"
-    assert progress.summary() == "loading weights: 10.0.0.1 1/2 shards, 30.00s/it"
+    assert progress.summary() == "loading weights: driver 0/2 shards"
+    done = next(i for i, line in enumerate(lines) if "| 2/2 [" in line)
+    progress.feed(lines[first + 1 : done + 1], now=11.0)
+    assert progress.summary() == "loading weights: driver 2/2 shards, 176.14it/s"
 
 
 def test_waiting_for_rays_gpus_is_not_progress():
+    # The capture's placement group was ready at once. vLLM 0.32.0 logs the wait from
+    # vllm/v1/executor/ray_utils.py ("Waiting for creating a placement group of specs for %d
+    # seconds. specs=%s. ..."); the lines below are the capture's own placement-group line
+    # with that message in its place, at 10 s and again at 30 s.
+    (found,) = [line for line in _lines(RAY_SIM) if "No current placement group found" in line]
+    prefix = found[: found.index("No current placement group")]
+    waits = [
+        f"{prefix}Waiting for creating a placement group of specs for {s} seconds. "
+        "specs=[{'GPU': 1.0, 'node:172.30.241.11': 0.001}, {'GPU': 1.0}]. Check `ray status` "
+        "and `ray list nodes` to see if you have enough resources, and make sure the IP "
+        "addresses used by ray cluster are the same as VLLM_HOST_IP environment variable "
+        "specified in each node if you are running on a multi-node."
+        for s in (10, 30)
+    ]
     progress = vllm_start.StartProgress(started=0.0)
-    lines = [line for line in _lines(RAY_SIM) if "placement group of specs" in line]
-    assert len(lines) == 2
-    progress.feed(lines[:1], now=5.0)
+    progress.feed(waits[:1], now=5.0)
     assert progress.phase == "peers"
     assert progress.last_progress == 0.0
     assert "Waiting for creating a placement group of specs for 10 seconds" in progress.summary()
-    assert progress.feed(lines[1:], now=40.0) == []
+    assert progress.feed(waits[1:], now=40.0) == []
     assert progress.last_progress == 0.0
+    assert len(progress.feed([found], now=41.0)) == 1
+    assert progress.last_progress == 41.0
 
 
 def test_a_line_seen_again_is_not_progress():
     progress = vllm_start.StartProgress(started=0.0)
-    line = _lines(RAY_SIM)[11]
-    assert "0/2" in line
+    (line,) = [line for line in _lines(RAY_SIM) if "| 0/2 [" in line]
     assert len(progress.feed([line], now=1.0)) == 1
     assert progress.feed([line], now=2.0) == []
     assert progress.last_progress == 1.0
@@ -112,14 +168,18 @@ def test_real_refused_start_shows_no_phase():
 
 
 def test_split_line_strips_docker_time_prefixes_and_ray_dedup():
-    stamp, source, message = vllm_start.split_line(
-        "2026-12-01T10:01:46.400000000Z (EngineCore pid=88) (RayWorkerWrapper pid=233, "
-        "ip=10.0.0.2) Loading safetensors checkpoint shards: 100% Completed | 2/2 "
-        "[01:00<00:00, 30.00s/it] [repeated 2x across cluster]\n"
-    )
-    assert stamp == pytest.approx(1796119306.4)
-    assert source == "RayWorkerWrapper@10.0.0.2"
-    assert message.endswith("30.00s/it]")
+    # A line of the capture (rank 1 on spark-2) with the suffix Ray's log deduplication adds
+    # to a line that repeats across actors.
+    (line,) = [
+        line
+        for line in _lines(RAY_SIM)
+        if "(Worker_TP1 pid=94)" in line and "Loading weights took" in line
+    ]
+    assert line.startswith("2026-12-04T13:02:34.210147517Z \x1b[36m(RayWorkerProc pid=94, ip=")
+    stamp, source, message = vllm_start.split_line(line + " [repeated 2x across cluster]\n")
+    assert stamp == pytest.approx(1796389354.210147)
+    assert source == "Worker_TP1@172.30.241.12"
+    assert message == "Loading weights took 0.01 seconds"
 
 
 def test_split_line_keeps_the_last_drawing_of_a_tqdm_line():
@@ -168,8 +228,8 @@ def test_stalled_start_names_the_phase_and_the_shards():
     assert verdict == "stalled"
     reason = vllm_start.stall_reason(verdict, progress, now, 900, 3600)
     assert reason == (
-        "the start stalled while loading weights: Worker_TP0 1/2 shards, 30.00s/it: no "
-        "progress in the logs for 900 s (vllm_serve_start_stall_timeout is 900 s)"
+        "the start stalled while loading weights: driver 0/2 shards: no progress in the logs "
+        "for 900 s (vllm_serve_start_stall_timeout is 900 s)"
     )
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from ansible_collections.dgx_spark.cluster.plugins.modules import vllm_endpoint_info as mod
+from support.captures import tool_output
 from support.modules import run_module
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "operate"
@@ -45,7 +46,7 @@ class StandIn(BaseHTTPRequestHandler):
             self._send(self.health, "")
         elif self.path == "/metrics":
             name = self.scrapes.pop(0) if len(self.scrapes) > 1 else self.scrapes[0]
-            self._send(200, (FIXTURES / name).read_text(), "text/plain")
+            self._send(200, tool_output(FIXTURES / name), "text/plain")
         elif self.path == "/v1/models":
             if not self._authorized():
                 self._send(401, {"error": "Unauthorized"})
