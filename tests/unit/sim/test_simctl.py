@@ -3,6 +3,7 @@ the nodes it reads from the sim inventory."""
 
 from __future__ import annotations
 
+import shutil
 import textwrap
 from pathlib import Path
 from types import SimpleNamespace
@@ -54,9 +55,11 @@ def test_too_little_disk(simctl, monkeypatch, tmp_path):
 
 
 def test_enough_disk_passes(simctl, monkeypatch, tmp_path):
+    calls = tmp_path / "calls"
     docker = fake_docker(
         tmp_path,
         f"""
+        echo "$*" >> {calls}
         case "$*" in
           *ServerVersion*) echo 20.10.24 ;;
           *DockerRootDir*) echo {tmp_path} ;;
@@ -64,8 +67,17 @@ def test_enough_disk_passes(simctl, monkeypatch, tmp_path):
         """,
     )
     monkeypatch.setattr(simctl.sim_common, "DOCKER", docker)
-    monkeypatch.setenv("DGXSIM_MIN_FREE_GB", "0")
-    simctl.preflight()
+    # Half of what the Docker root (tmp_path here) has free: enough, and not a zero that
+    # would pass whatever the check read.
+    free = shutil.disk_usage(tmp_path).free / 1e9
+    monkeypatch.setenv("DGXSIM_MIN_FREE_GB", f"{free / 2:.3f}")
+    assert simctl.preflight() is None
+    # It asked the daemon for its version and its root, and measured that root.
+    assert calls.read_text().splitlines() == [
+        "info -f {{.ServerVersion}}",
+        "info -f {{.DockerRootDir}}",
+    ]
+    assert simctl.docker_root_free_gb() == pytest.approx(free, rel=0.05)
 
 
 def test_daemon_refusing_capabilities(simctl, monkeypatch, tmp_path):
