@@ -29,8 +29,22 @@ import re
 
 # 200 Gb/s line rate of the ConnectX-7 link = 25 GB/s: the base of the reported percentage.
 REFERENCE_BUSBW_GBPS = 25.0
-# NVIDIA's two-Spark NCCL script fails below this all_gather busbw (87.5 % of 25 GB/s).
-DEFAULT_MIN_BUSBW_GBPS = 21.875
+# The all_gather busbw decides by bands: below the floor fails, below "healthy" warns.
+# Healthy: NVIDIA's two-Spark NCCL script's threshold (87.5 % of 25 GB/s); a healthy pair at
+# MTU 9000 measures 23.74 (https://github.com/NVIDIA/dgx-spark-playbooks/pull/103), one at MTU
+# 1500 18.94-20.95 (https://github.com/NVIDIA/dgx-spark-playbooks/issues/25).
+DEFAULT_HEALTHY_BUSBW_GBPS = 21.875
+# Floor: broken data paths measured 2.83 (NET/IB on the other port's devices, KoyoImai/
+# dgx_spark_cluster2 Step011 1.9), ~3 (https://github.com/NVIDIA/dgx-spark-playbooks/issues/102)
+# and 3.04 (a development build of NCCL, pull 103); one 100 Gb/s device peaks at 12 GB/s
+# (https://github.com/NVIDIA/nccl-tests/issues/119). 6 is half that peak, twice the broken ones.
+DEFAULT_BUSBW_FLOOR_GBPS = 6.0
+# What lowers a working link's busbw, named in the warning.
+SLOW_LINK_CAUSES = (
+    "an MTU below 9000 on a twin of either node (18.9-21 GB/s at MTU 1500), one twin carrying "
+    "the traffic (about 12 GB/s), a cable or port that negotiated below 200000Mb/s (ethtool), "
+    "a thermally throttled node, or other traffic on the link"
+)
 DEFAULT_LINK_SPEED_MBPS = 200000
 # ib_write_bw measures ≈111.7 Gb/s on one twin of a healthy pair; 90 leaves room for noise
 # while still failing a link that negotiated 50 Gb/s or runs at MTU 1500.
@@ -270,8 +284,66 @@ def parse_ib_write_bw(text: str) -> dict:
     }
 
 
-def check_ib_write_bw(text: str, min_gbps: float = DEFAULT_MIN_RDMA_GBPS) -> dict:
-    """RDMA write bandwidth of one device is at least ``min_gbps``."""
+# perftest (linux-rdma/perftest, src/perftest_resources.c) prints, when ibv_reg_mr refuses its
+# buffers, "Couldn't allocate MR with error=<errno>" (from 23.04; before it, "Couldn't allocate
+# MR"), then "failed to create mr", "Failed to create MR", " Couldn't create IB resources". The
+# kernel refuses to pin pages past RLIMIT_MEMLOCK, unless the process holds CAP_IPC_LOCK, with
+# ENOMEM (drivers/infiniband/core/umem.c, ib_umem_get), so errno 12 is the memlock refusal.
+_MR_REFUSED = re.compile(r"Couldn't allocate MR(?: with error=(\d+))?")
+_PERFTEST_ERROR = re.compile(
+    r"^\s*((?:Couldn't|Unable to|Failed to|failed to|No IB devices|IB device )[^\n]*?)\s*$", re.M
+)
+ENOMEM = 12
+
+
+def ib_write_bw_refusal(text: str, memlock_lifted: bool = True) -> dict | None:
+    """Why ib_write_bw stopped before it measured: ``{kind, message}``; None when its output
+    names no refusal. ``kind`` is ``memlock`` for a memory registration refused with ENOMEM (or
+    without an errno, as perftest before 23.04 prints it), ``registration`` for another errno,
+    ``error`` for perftest's other error lines. ``memlock_lifted``: the run had the limit
+    lifted (host_prep runs it as root under ``prlimit --memlock=unlimited``), so an ENOMEM then
+    comes from the kernel's own memory, not the limit."""
+    text = text or ""
+    device = _PERFTEST_DEVICE.search(text)
+    name = device.group(1) if device else "ib_write_bw"
+    refused = _MR_REFUSED.search(text)
+    if refused:
+        errno = int(refused.group(1)) if refused.group(1) else None
+        said = refused.group(0)
+        if errno not in (None, ENOMEM):
+            return {
+                "kind": "registration",
+                "message": f"{name}: the RoCE device refused to register ib_write_bw's buffers "
+                f"({said}, not the memlock limit's ENOMEM): check the device with ibv_devinfo",
+            }
+        message = (
+            f"{name}: a memlock refusal: ib_write_bw could not register its buffers ({said}; "
+            "ENOMEM): the kernel pins RDMA buffers only within the locked-memory limit "
+            "(ulimit -l) unless the process holds CAP_IPC_LOCK, and 4 queue pairs of 1 MiB "
+            "need about Ubuntu's whole 8 MiB default"
+        )
+        if memlock_lifted:
+            message += (
+                "; this run had the limit lifted (root, prlimit --memlock=unlimited), so the "
+                "kernel itself refused the memory: see the kernel warnings of preflight (a DGX "
+                "OS kernel whose memory reservation makes ibv_reg_mr fail with ENOMEM, "
+                "spark-vllm-docker issue 392)"
+            )
+        return {"kind": "memlock", "message": message}
+    errors = _PERFTEST_ERROR.findall(text)
+    if errors:
+        return {"kind": "error", "message": f"{name}: ib_write_bw failed: {'; '.join(errors)}"}
+    return None
+
+
+def check_ib_write_bw(
+    text: str, min_gbps: float = DEFAULT_MIN_RDMA_GBPS, memlock_lifted: bool = True
+) -> dict:
+    """RDMA write bandwidth of one device is at least ``min_gbps``; a refusal in the output
+    (:func:`ib_write_bw_refusal`, a memlock refusal named as such) fails it."""
+    refusal = ib_write_bw_refusal(text, memlock_lifted)
+    if refusal and not _PERFTEST_HEADER.search(text or ""):
+        return _result("rdma", False, refusal["message"], refusal=refusal["kind"])
     parsed = parse_ib_write_bw(text)
     bw = parsed["bw_average_gbps"]
     device = parsed["device"] or "RoCE device"
@@ -530,22 +602,39 @@ def parse_busbw_json(text: str) -> dict:
     return found
 
 
+def busbw_band(
+    busbw_gbps: float | None,
+    floor_gbps: float = DEFAULT_BUSBW_FLOOR_GBPS,
+    healthy_gbps: float = DEFAULT_HEALTHY_BUSBW_GBPS,
+) -> str:
+    """``broken`` below the floor, ``slow`` below healthy, ``healthy`` from it; ``unmeasured``."""
+    if busbw_gbps is None:
+        return "unmeasured"
+    if busbw_gbps < floor_gbps:
+        return "broken"
+    return "slow" if busbw_gbps < healthy_gbps else "healthy"
+
+
 def decide_nccl(
     busbw_gbps: float | None,
     transport: dict,
-    min_busbw_gbps: float = DEFAULT_MIN_BUSBW_GBPS,
+    floor_gbps: float = DEFAULT_BUSBW_FLOOR_GBPS,
+    healthy_gbps: float = DEFAULT_HEALTHY_BUSBW_GBPS,
     reference_gbps: float = REFERENCE_BUSBW_GBPS,
     require_ib: bool = True,
     ib_hca: str | None = None,
     extra_reasons: list[str] | None = None,
 ) -> dict:
-    """Pass when busbw >= min and (when ``require_ib``) NCCL used NET/IB and never NET/Socket.
+    """Pass or fail on the transport, and on the bandwidth by bands.
 
-    With ``ib_hca`` (the NCCL_IB_HCA of comm.env) the devices NCCL used must be those twins,
-    exactly (``nccl_device_mismatch``). ``extra_reasons`` (wrong values, a failed run) fail it
-    too.
+    With ``require_ib`` NCCL must have used NET/IB and never NET/Socket; with ``ib_hca`` (the
+    NCCL_IB_HCA of comm.env) on exactly those twins (``nccl_device_mismatch``). The busbw fails
+    below ``floor_gbps`` (what only a broken link measures), passes with a warning below
+    ``healthy_gbps`` (a working link slowed by MTU, port, cable, heat) and passes from it.
+    ``extra_reasons`` (wrong values, a failed run) fail it too. ``band`` says which band;
+    ``warnings`` holds the slow band's warning.
     """
-    reasons = []
+    reasons, warnings = [], []
     kind = transport.get("transport", "unknown")
     if require_ib and ib_hca is not None:
         mismatch = nccl_device_mismatch(transport, ib_hca)
@@ -562,16 +651,24 @@ def decide_nccl(
             f"NCCL_DEBUG=INFO output shows no NET/IB transport (saw {kind}); "
             "the run cannot prove RDMA"
         )
+    band = busbw_band(busbw_gbps, floor_gbps, healthy_gbps)
     percent = None
     if busbw_gbps is None:
         reasons.append("no bus bandwidth was measured")
     else:
         percent = round(100.0 * busbw_gbps / reference_gbps, 1)
-        if busbw_gbps < min_busbw_gbps:
-            reasons.append(
-                f"busbw {busbw_gbps:.2f} GB/s is below host_prep_nccl_min_busbw_gbps "
-                f"({min_busbw_gbps:g})"
-            )
+    if band == "broken":
+        reasons.append(
+            f"busbw {busbw_gbps:.2f} GB/s is below host_prep_nccl_busbw_floor_gbps "
+            f"({floor_gbps:g}), which only a broken data path measures (a socket fallback or "
+            "the wrong devices give about 3)"
+        )
+    elif band == "slow":
+        warnings.append(
+            f"busbw {busbw_gbps:.2f} GB/s is below host_prep_nccl_busbw_healthy_gbps "
+            f"({healthy_gbps:g}; a healthy pair measures about 23.7): the link works but runs "
+            f"slow; what lowers it: {SLOW_LINK_CAUSES}"
+        )
     reasons.extend(extra_reasons or [])
     devices = ", ".join(transport.get("channel_devices") or transport.get("ib_devices") or [])
     over = f"NET/IB ({devices})" if kind == "IB" and devices else f"{kind} transport"
@@ -581,18 +678,25 @@ def decide_nccl(
         else "all_gather busbw not measured"
     )
     passed = not reasons
-    message = f"{measured} over {over}: " + ("pass" if passed else "FAIL: " + "; ".join(reasons))
+    if not passed:
+        verdict = "FAIL: " + "; ".join(reasons)
+    elif warnings:
+        verdict = "pass with a WARNING: " + "; ".join(warnings)
+    else:
+        verdict = "pass"
     return _result(
-        "nccl", passed, message,
+        "nccl", passed, f"{measured} over {over}: {verdict}",
         busbw_gbps=busbw_gbps, percent_of_reference=percent, reference_gbps=reference_gbps,
-        min_busbw_gbps=min_busbw_gbps, transport=kind, ib_devices=transport.get("ib_devices", []),
+        floor_gbps=floor_gbps, healthy_gbps=healthy_gbps, band=band, warnings=warnings,
+        transport=kind, ib_devices=transport.get("ib_devices", []),
         channel_devices=transport.get("channel_devices", []), reasons=reasons,
     )  # fmt: skip
 
 
 def check_all_gather_perf(
     text: str,
-    min_busbw_gbps: float = DEFAULT_MIN_BUSBW_GBPS,
+    floor_gbps: float = DEFAULT_BUSBW_FLOOR_GBPS,
+    healthy_gbps: float = DEFAULT_HEALTHY_BUSBW_GBPS,
     reference_gbps: float = REFERENCE_BUSBW_GBPS,
     require_ib: bool = True,
     ib_hca: str | None = None,
@@ -600,8 +704,9 @@ def check_all_gather_perf(
     """Decide on an ``all_gather_perf`` run whose output includes NCCL_DEBUG=INFO lines.
 
     The bus bandwidth judged is the ``Avg bus bandwidth`` line (what NVIDIA's script checks:
-    the mean over every size and both places), else the mean of the rows. Any ``#wrong``
-    value or NCCL failure fails the check; so do devices other than ``ib_hca``'s twins.
+    the mean over every size and both places), else the mean of the rows, in the bands of
+    :func:`decide_nccl`. Any ``#wrong`` value or NCCL failure fails the check; so do devices
+    other than ``ib_hca``'s twins.
     """
     parsed = parse_all_gather_perf(text)
     busbw = parsed["avg_busbw_gbps"]
@@ -621,15 +726,17 @@ def check_all_gather_perf(
     if not parsed["rows"]:
         extra.append("no result rows")
     result = decide_nccl(
-        busbw, nccl_transport(text), min_busbw_gbps, reference_gbps, require_ib, ib_hca, extra
-    )
+        busbw, nccl_transport(text), floor_gbps, healthy_gbps, reference_gbps, require_ib,
+        ib_hca, extra,
+    )  # fmt: skip
     result["rows"] = parsed["rows"]
     return result
 
 
 def check_busbw_json(
     text: str,
-    min_busbw_gbps: float = DEFAULT_MIN_BUSBW_GBPS,
+    floor_gbps: float = DEFAULT_BUSBW_FLOOR_GBPS,
+    healthy_gbps: float = DEFAULT_HEALTHY_BUSBW_GBPS,
     reference_gbps: float = REFERENCE_BUSBW_GBPS,
     require_ib: bool = True,
     ib_hca: str | None = None,
@@ -650,8 +757,8 @@ def check_busbw_json(
     if data.get("wrong"):
         extra.append(f"{data['wrong']} wrong values after all_gather (data corruption)")
     result = decide_nccl(
-        float(data["busbw_gbps"]), transport, min_busbw_gbps, reference_gbps, require_ib,
-        ib_hca, extra,
+        float(data["busbw_gbps"]), transport, floor_gbps, healthy_gbps, reference_gbps,
+        require_ib, ib_hca, extra,
     )  # fmt: skip
     result["measurement"] = data
     return result

@@ -24,8 +24,9 @@ goes to a per-rank file that this script reads back through ``link_checks.nccl_t
 and from a checkout it is found by path). Rank 0 prints the JSON line (every rank with
 ``--all-ranks``): ``nccl`` holds every rank's transport, ``nccl_local`` this rank's own record
 (the devices its NCCL opened and ran channels on). ``--check`` exits 1 when the decision fails:
-busbw below ``--min-busbw`` or, where NET/IB is required, a transport other than NET/IB or
-devices other than the ones NCCL_IB_HCA names.
+busbw below ``--floor`` (what only a broken link measures) or, where NET/IB is required, a
+transport other than NET/IB or devices other than the ones NCCL_IB_HCA names; below
+``--healthy`` the decision passes with a warning (its ``warnings`` in the JSON line).
 """
 
 from __future__ import annotations
@@ -97,8 +98,12 @@ def arguments(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                    help="cpu runs Gloo instead of NCCL (a smoke test without GPUs)")  # fmt: skip
-    p.add_argument("--min-busbw", type=float, default=None,
-                   help="GB/s the decision requires (default: link_checks' 21.875)")  # fmt: skip
+    p.add_argument("--floor", type=float, default=None,
+                   help="GB/s below which the decision fails, what only a broken link measures "
+                        "(default: link_checks' 6)")  # fmt: skip
+    p.add_argument("--healthy", type=float, default=None,
+                   help="GB/s from which the link counts as healthy; below it the decision "
+                        "passes with a warning (default: link_checks' 21.875)")  # fmt: skip
     p.add_argument("--reference", type=float, default=None,
                    help="GB/s that is 100%% (default 25, the 200 Gb/s link)")  # fmt: skip
     p.add_argument("--require-ib", choices=("auto", "yes", "no"), default="auto",
@@ -217,7 +222,8 @@ def decide(checks, args, busbw: float, run: dict, require_ib: bool, ib_hca: str 
     return checks.decide_nccl(
         busbw,
         transport,
-        args.min_busbw if args.min_busbw is not None else checks.DEFAULT_MIN_BUSBW_GBPS,
+        args.floor if args.floor is not None else checks.DEFAULT_BUSBW_FLOOR_GBPS,
+        args.healthy if args.healthy is not None else checks.DEFAULT_HEALTHY_BUSBW_GBPS,
         args.reference if args.reference is not None else checks.REFERENCE_BUSBW_GBPS,
         require_ib=require_ib,
         ib_hca=ib_hca,
@@ -251,7 +257,11 @@ def report_line(args, run: dict, decision: dict, versions: dict, environ) -> dic
         "nccl_version": versions["nccl"],
         "torch": versions["torch"],
         "env": {k: environ[k] for k in _ENV_SHOWN if k in environ},
-        "decision": {k: decision[k] for k in ("passed", "message", "reasons")},
+        "decision": {
+            k: decision[k]
+            for k in ("passed", "message", "reasons", "band", "warnings")
+            if k in decision
+        },
     }
 
 
