@@ -139,3 +139,27 @@ def throughput(before: dict, after: dict, seconds: float, probe: dict | None = N
         rates[rate_key] = round(max(delta, 0.0) / seconds, 2)
     rates["interval_s"] = round(seconds, 3)
     return rates
+
+
+def busy_reason(before: dict | None, after: dict | None, seconds: float) -> str:
+    """Why a server whose probe went unanswered is busy rather than dead, or '' (not busy).
+
+    ``before`` and ``after`` are ``summarize`` results of two reads ``seconds`` apart (None: no
+    ``/metrics`` answered). Tokens generated or prefilled between the reads mean the engine
+    steps; requests running mean it holds work. A frozen rank generates nothing, and the probe
+    it never answered is not counted as running (vLLM updates the gauge after a step, which a
+    frozen rank never finishes), but a rank that froze in the middle of a load keeps the last
+    count: the watchdog bounds how long it believes a busy verdict.
+    """
+    if after is None:
+        return ""
+    reasons = []
+    if before is not None:
+        for key, what in (("generation_tokens", "generated"), ("prompt_tokens", "prefilled")):
+            first, second = before.get(key), after.get(key)
+            # A counter that went down belongs to a restarted server: no progress over it.
+            if first is not None and second is not None and second > first:
+                reasons.append(f"{int(second - first)} tokens {what} in {seconds:.0f} s")
+    if after.get("running"):
+        reasons.append(f"{after['running']} requests running, {after.get('waiting') or 0} waiting")
+    return "; ".join(reasons)

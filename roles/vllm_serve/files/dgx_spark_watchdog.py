@@ -18,6 +18,17 @@ it progresses. After ``max_restarts`` restarts within
 (``state: gave-up``, with the reason), which ``playbooks/status.yml`` shows, instead of
 looping silently.
 
+Busy is not dead: under full load the probe's one token can wait in the queue longer than the
+probe allows. Before a restart the watchdog reads vLLM's ``/metrics`` (with the key): tokens
+generated or prefilled since the read before, or requests running, mean the engine works
+(``vllm_metrics.busy_reason``). It then logs why and waits (``state: busy``), for at most
+``busy_limit`` seconds; a restart would throw away every request in flight. A frozen rank
+generates nothing and runs nothing, and is restarted as before.
+
+A serving container stopped on purpose (``docker stop``: exited, not restarting, although its
+restart policy would bring back a crash) is left stopped (``state: stopped``): the serving
+stage stops a failed first start that way, keeping it for its logs.
+
 Standard library only; the Docker Engine API is reached over the mounted socket, the endpoint
 through the collection's one client of it (``vllm_client.py``, installed beside this script
 with ``vllm_health.py``, which judges its answers). The key is read from the serving
@@ -43,7 +54,11 @@ from pathlib import Path
 # script, each with the module_utils it imports (watchdog.yml).
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import vllm_client  # noqa: E402
+import vllm_metrics  # noqa: E402
 import vllm_start  # noqa: E402
+
+# Docker brings a container with these policies back after a crash, not after `docker stop`.
+RESTARTING_POLICIES = ("always", "unless-stopped")
 
 
 @dataclass
@@ -62,19 +77,37 @@ class Watch:
     # Without progress in the log for this long a start is past its grace (grace: the ceiling).
     stall: float | None = None
     last_progress: float | None = None
+    # A busy server (vllm_metrics.busy_reason) is not restarted for this long after it was
+    # first found busy instead of answering.
+    busy_limit: float = 600.0
+    busy_since: float | None = None
 
-    def decide(self, now: float, answered: bool, started_at: float | None, up: bool = False) -> str:
-        """'ok', 'wait', 'restart' or 'give-up' after one probe at ``now``.
+    def decide(
+        self,
+        now: float,
+        answered: bool,
+        started_at: float | None,
+        up: bool = False,
+        busy: str = "",
+        stopped: bool = False,
+    ) -> str:
+        """'ok', 'wait', 'busy', 'stopped', 'restart' or 'give-up' after one probe at ``now``.
 
         ``started_at`` is when the serving container last started (None: not running);
-        ``up``: its API server's ``/health`` answered although the completion did not.
+        ``up``: its API server's ``/health`` answered although the completion did not;
+        ``busy``: why ``/metrics`` shows the engine at work ('' when it does not);
+        ``stopped``: the container was stopped on purpose, and stays so.
         """
         if up:
             self.last_up = now
         if answered:
             # Serving again (a rerun of the serve stage, a peer back): watch afresh.
             self.misses, self.gave_up, self.last_answer = 0, "", now
+            self.busy_since = None
             return "ok"
+        if stopped:
+            self.misses, self.busy_since = 0, None
+            return "stopped"
         if self.gave_up:
             return "give-up"
         if self.starting(now, started_at):
@@ -83,6 +116,14 @@ class Watch:
         self.misses += 1
         if self.misses < self.failures:
             return "wait"
+        if not busy:
+            self.busy_since = None
+        else:
+            self.busy_since = now if self.busy_since is None else self.busy_since
+            if now - self.busy_since < self.busy_limit:
+                # Judged again at the next probe: a server that stops working is restarted then.
+                self.misses = self.failures - 1
+                return "busy"
         recent = [t for t in self.restarts if now - t < self.window]
         if len(recent) >= self.max_restarts:
             self.gave_up = (
@@ -90,7 +131,7 @@ class Watch:
             )
             return "give-up"
         self.restarts = [*recent, now]
-        self.misses = 0
+        self.misses, self.busy_since = 0, None
         return "restart"
 
     def starting(self, now: float, started_at: float | None) -> bool:
@@ -168,11 +209,27 @@ def new_log_lines(sock: str, container: str, after: float) -> list[str]:
     return lines
 
 
-def started_at(sock: str, container: str) -> float | None:
+def container_state(sock: str, container: str) -> tuple[float | None, bool]:
+    """(when the container last started, None when it does not run; whether it was stopped on
+    purpose)."""
     status, info = docker(sock, "GET", f"/containers/{container}/json")
-    if status != 200 or not info.get("State", {}).get("Running"):
-        return None
-    return calendar.timegm(time.strptime(info["State"]["StartedAt"][:19], "%Y-%m-%dT%H:%M:%S"))
+    return read_state(info if status == 200 else {})
+
+
+def read_state(info: dict) -> tuple[float | None, bool]:
+    """``container_state`` from the Engine API's inspect answer."""
+    state = info.get("State") or {}
+    if state.get("Running"):
+        started = time.strptime(state["StartedAt"][:19], "%Y-%m-%dT%H:%M:%S")
+        return calendar.timegm(started), False
+    policy = ((info.get("HostConfig") or {}).get("RestartPolicy") or {}).get("Name", "")
+    # A crash under these policies is restarting; exited and not restarting: `docker stop`.
+    stopped = (
+        state.get("Status") == "exited"
+        and not state.get("Restarting")
+        and policy in RESTARTING_POLICIES
+    )
+    return None, stopped
 
 
 def urllib_open(url: str, data=None, headers=None, method=None, timeout: float = 30.0):
@@ -185,6 +242,16 @@ def probe(url: str, key: str, model: str, timeout: float) -> bool:
     """One token from the model: the ranks compute together."""
     endpoint = vllm_client.Client(url, key, timeout, opener=urllib_open)
     return endpoint.complete(model, "ping").ok
+
+
+def metrics(url: str, key: str, model: str, timeout: float) -> dict | None:
+    """vLLM's gauges and counters for ``model`` (``vllm_metrics.summarize``); None when
+    ``/metrics`` gives none."""
+    text, _ = vllm_client.Client(url, key, timeout, opener=urllib_open).metrics()
+    try:
+        return vllm_metrics.summarize(text, model) if text else None
+    except vllm_metrics.MetricsError:
+        return None
 
 
 def health(url: str, timeout: float) -> bool:
@@ -222,16 +289,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stall", type=float, default=900)
     parser.add_argument("--max-restarts", type=int, default=3)
     parser.add_argument("--window", type=float, default=1800)
+    parser.add_argument("--busy-limit", type=float, default=600)
     args = parser.parse_args(argv)
     # The script is its container's PID 1, which the kernel spares SIGTERM unless it asks for
     # it: without this, every `docker stop` (the serving stage pauses the watchdog before each
     # restart of the group) waited Docker's 10 s and then killed it.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    watch = Watch(args.failures, args.grace, args.max_restarts, args.window, stall=args.stall)
+    watch = Watch(args.failures, args.grace, args.max_restarts, args.window, stall=args.stall,
+                  busy_limit=args.busy_limit)  # fmt: skip
     progress, read_until = None, 0.0
+    # The last /metrics read and its time: busy_reason compares two reads.
+    seen, seen_at = None, 0.0
     while True:
         key = json.loads(args.auth.read_text())["key"] if args.auth and args.auth.exists() else ""
-        since = started_at(args.docker_socket, args.container)
+        since, stopped = container_state(args.docker_socket, args.container)
         if since is not None and (progress is None or progress.started != since):
             progress, read_until = vllm_start.StartProgress(since), since - 1
             watch.last_progress = None
@@ -243,25 +314,40 @@ def main(argv: list[str] | None = None) -> int:
             watch.last_progress = progress.last_progress
         answered = since is not None and probe(args.url, key, args.model, args.timeout)
         up = since is not None and not answered and health(args.url, args.timeout)
-        verdict = watch.decide(time.time(), answered, since, up)
-        if verdict == "restart":
+        busy = ""
+        if since is not None and not answered and not watch.starting(time.time(), since):
+            now_metrics, now_at = metrics(args.url, key, args.model, args.timeout), time.time()
+            busy = vllm_metrics.busy_reason(seen, now_metrics, now_at - seen_at)
+            seen, seen_at = now_metrics, now_at
+        else:
+            seen = None
+        verdict = watch.decide(time.time(), answered, since, up, busy, stopped)
+        if verdict == "busy":
+            waited = int(time.time() - (watch.busy_since or time.time()))
+            print(f"watchdog: {args.model} did not answer a probe within {args.timeout:g} s but "
+                  f"is busy ({busy}): not restarting {args.container}; waited {waited} s of "
+                  f"at most {args.busy_limit:g} s", flush=True)  # fmt: skip
+        elif verdict == "restart":
             how = ""
+            if busy:
+                how = f" and stayed busy past {args.busy_limit:g} s ({busy})"
             if progress is not None and since is not None and progress.started == since:
-                how = f" (its start reached: {progress.summary()})"
+                how += f" (its start reached: {progress.summary()})"
             print(f"watchdog: {args.model} did not answer {args.failures} probes{how}: "
                   f"restarting {args.container}", flush=True)  # fmt: skip
             docker(args.docker_socket, "POST", f"/containers/{args.container}/restart?t=30")
         elif verdict == "give-up":
             print(f"watchdog: giving up: {watch.gave_up}", file=sys.stderr, flush=True)
-        state = {"ok": "serving", "wait": "waiting", "restart": "restarted",
-                 "give-up": "gave-up"}[verdict]  # fmt: skip
+        state = {"ok": "serving", "wait": "waiting", "busy": "busy", "stopped": "stopped",
+                 "restart": "restarted", "give-up": "gave-up"}[verdict]  # fmt: skip
         phase = progress.phase if progress is not None and verdict == "wait" else ""
-        write_state(args.state, state=state, reason=watch.gave_up, misses=watch.misses,
+        write_state(args.state, state=state, reason=watch.gave_up or busy, misses=watch.misses,
                     restarts=len(watch.restarts), phase=phase)  # fmt: skip
         # For node exporter's textfile collector (the monitoring role links it in).
         write_metrics(args.state.with_name("watchdog.prom"), answered=int(answered),
                       starting=int(watch.starting(time.time(), since)),
-                      gave_up=int(verdict == "give-up"), restarts=len(watch.restarts))  # fmt: skip
+                      gave_up=int(verdict == "give-up"), busy=int(verdict == "busy"),
+                      restarts=len(watch.restarts))  # fmt: skip
         time.sleep(args.start_interval if watch.starting(time.time(), since) else args.interval)
 
 

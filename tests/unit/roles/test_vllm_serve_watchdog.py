@@ -133,6 +133,77 @@ def test_the_ceiling_ends_the_grace_of_a_start_that_still_progresses():
     assert not w.starting(3600.0, 0.0)
 
 
+# --------------------------------------------------------------------------- busy, not dead
+
+
+def test_a_busy_server_is_not_restarted_until_the_bound():
+    """The probe waits in a full queue; /metrics shows work: wait, up to busy_limit."""
+    w = watch(busy_limit=300)
+    verdicts = [w.decide(10_000.0 + i * 30, False, 0.0, busy="6 requests running")
+                for i in range(14)]  # fmt: skip
+    # Three misses make a restart; busy from the 3rd probe (10 060 s) until 10 360 s.
+    assert verdicts == ["wait", "wait"] + ["busy"] * 10 + ["restart", "wait"]
+    assert w.restarts == [10_360.0]
+
+
+def test_a_busy_server_that_answers_again_is_watched_afresh():
+    w = watch(busy_limit=300)
+    assert run(w, [False] * 3) == ["wait", "wait", "restart"]
+    w = watch(busy_limit=300)
+    got = [w.decide(10_000.0 + i * 30, ok, 0.0, busy=busy)
+           for i, (ok, busy) in enumerate([(False, "x"), (False, "x"), (False, "x"), (True, ""),
+                                           (False, "x"), (False, "x"), (False, "x")])]  # fmt: skip
+    assert got == ["wait", "wait", "busy", "ok", "wait", "wait", "busy"]
+    # The bound counts from the latest busy spell, not the first.
+    assert w.busy_since == 10_180.0
+
+
+def test_a_server_that_stops_working_is_restarted_at_the_next_probe():
+    w = watch(busy_limit=600)
+    got = [w.decide(10_000.0 + i * 30, False, 0.0, busy=b) for i, b in enumerate(["", "", "x", ""])]
+    assert got == ["wait", "wait", "busy", "restart"]
+
+
+def test_a_frozen_rank_is_restarted_when_it_is_today():
+    """No tokens, nothing running, no answer: three misses, as without the metrics."""
+    w = watch(busy_limit=600)
+    got = [w.decide(10_000.0 + i * 30, False, 0.0, busy="") for i in range(4)]
+    assert got == run(watch(), [False] * 4) == ["wait", "wait", "restart", "wait"]
+
+
+def test_a_container_stopped_on_purpose_stays_stopped():
+    w = watch()
+    got = [w.decide(10_000.0 + i * 30, False, None, stopped=True) for i in range(6)]
+    assert got == ["stopped"] * 6 and w.restarts == []
+
+
+def _inspect(status, running=False, restarting=False, policy="unless-stopped"):
+    return {
+        "State": {"Status": status, "Running": running, "Restarting": restarting,
+                  "StartedAt": "2026-12-04T10:00:00.123456789Z"},
+        "HostConfig": {"RestartPolicy": {"Name": policy}},
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("info", "expected"),
+    [
+        (_inspect("running", running=True), (1796378400, False)),
+        # docker stop: exited, and the policy does not bring it back.
+        (_inspect("exited"), (None, True)),
+        (_inspect("exited", policy="always"), (None, True)),
+        # A crash under unless-stopped: Docker is restarting it.
+        (_inspect("restarting", restarting=True), (None, False)),
+        # No policy that restarts: a container that exited is missing, as before.
+        (_inspect("exited", policy="no"), (None, False)),
+        (_inspect("created"), (None, False)),
+        ({}, (None, False)),
+    ],
+)
+def test_the_container_state_read_from_docker_inspect(info, expected):
+    assert watchdog.read_state(info) == expected
+
+
 def test_docker_log_frames_are_joined():
     frame = b"\x01\x00\x00\x00\x00\x00\x00\x04abc\n" + b"\x02\x00\x00\x00\x00\x00\x00\x02d\n"
     assert watchdog.demux(frame) == "abc\nd\n"
@@ -201,7 +272,8 @@ def test_the_script_starts_from_what_the_role_installs(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "left_out", ["vllm_start.py", "setting_ranges.py", "vllm_client.py", "vllm_health.py"]
+    "left_out",
+    ["vllm_start.py", "setting_ranges.py", "vllm_client.py", "vllm_health.py", "vllm_metrics.py"],
 )
 def test_without_any_installed_module_the_script_does_not_start(tmp_path, left_out):
     """Each file watchdog.yml installs is needed: the test above fails when one is left out."""

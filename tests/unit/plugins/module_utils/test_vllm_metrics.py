@@ -6,12 +6,13 @@ from pathlib import Path
 
 import pytest
 from ansible_collections.dgx_spark.cluster.plugins.module_utils import vllm_metrics
+from support.captures import tool_output
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "operate"
 
 
 def _summary(name, model="tiny-qwen3-moe"):
-    return vllm_metrics.summarize((FIXTURES / name).read_text(), model)
+    return vllm_metrics.summarize(tool_output(FIXTURES / name), model)
 
 
 def test_idle_server():
@@ -50,7 +51,7 @@ def test_server_after_a_benchmark():
 def test_aborted_and_errored_requests_are_not_counted_as_finished():
     # No capture has an aborted or failed request: the benchmark's /metrics with 3 of its
     # length samples moved to abort and 2 to error, as vLLM would count them.
-    text = (FIXTURES / "metrics_vllm_0.32_after_bench.txt").read_text()
+    text = tool_output(FIXTURES / "metrics_vllm_0.32_after_bench.txt")
     text = text.replace(
         'finished_reason="length",model_name="tiny-qwen3-moe"} 46.0',
         'finished_reason="length",model_name="tiny-qwen3-moe"} 41.0',
@@ -119,3 +120,42 @@ def test_garbage_is_refused(text):
 def test_labels_with_escaped_quotes():
     samples = vllm_metrics.parse_samples('m{a="x\\"y",b="z"} 1.5 1700000000\n')
     assert samples == [("m", {"a": 'x\\"y', "b": "z"}, 1.5)]
+
+
+# --------------------------------------------------------------------------- busy or dead
+# Three reads of the sim's /metrics around a load of six 300-token completions (README.md of
+# tests/unit/fixtures/watchdog): before, 4 s in (six running), 3 s later (all done).
+LOAD = Path(__file__).resolve().parents[2] / "fixtures" / "watchdog"
+
+
+def _read(name):
+    from support.captures import tool_output
+
+    return vllm_metrics.summarize(
+        tool_output(LOAD / f"metrics_vllm_0.32_{name}.txt"), "tiny-qwen3-moe"
+    )
+
+
+def test_requests_running_mean_busy_even_on_a_first_read():
+    assert vllm_metrics.busy_reason(None, _read("under_load"), 0) == "6 requests running, 0 waiting"
+
+
+def test_tokens_that_rose_between_two_reads_mean_busy():
+    before, during, done = _read("before_load"), _read("under_load"), _read("load_done")
+    assert vllm_metrics.busy_reason(before, during, 4) == (
+        "986 tokens generated in 4 s; 62 tokens prefilled in 4 s; 6 requests running, 0 waiting"
+    )
+    # All six finished between the reads: nothing runs, but the engine generated 815 tokens.
+    assert vllm_metrics.busy_reason(during, done, 3) == "815 tokens generated in 3 s"
+
+
+def test_a_server_that_does_nothing_is_not_busy():
+    idle = _read("load_done")
+    assert vllm_metrics.busy_reason(idle, idle, 30) == ""
+    assert vllm_metrics.busy_reason(None, idle, 0) == ""
+
+
+def test_no_metrics_or_a_restarted_server_are_not_busy():
+    assert vllm_metrics.busy_reason(_read("before_load"), None, 30) == ""
+    # Counters that went down belong to a new server: no progress is read across them.
+    assert vllm_metrics.busy_reason(_read("load_done"), _read("before_load"), 30) == ""
