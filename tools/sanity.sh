@@ -17,7 +17,7 @@ version=$("$bin/python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 rm -rf "$root/ansible_collections" "$root/dist"
 "$bin/ansible-galaxy" collection build --output-path "$root/dist" .
 # --no-deps: sanity reads community.docker and ansible.posix from the virtualenv's ansible.
-"$bin/ansible-galaxy" collection install --no-deps -p "$root" "$root"/dist/*.tar.gz 2>&1 \
+"$bin/ansible-galaxy" collection install --no-deps --force -p "$root" "$root"/dist/*.tar.gz 2>&1 \
   | grep -v 'not part of the configured Ansible collections paths' || true
 test -f "$tree/MANIFEST.json"
 # A repository of its own: ansible-test lists the files of the nearest enclosing git
