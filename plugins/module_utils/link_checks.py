@@ -300,9 +300,9 @@ def ib_write_bw_refusal(text: str, memlock_lifted: bool = True) -> dict | None:
     """Why ib_write_bw stopped before it measured: ``{kind, message}``; None when its output
     names no refusal. ``kind`` is ``memlock`` for a memory registration refused with ENOMEM (or
     without an errno, as perftest before 23.04 prints it), ``registration`` for another errno,
-    ``error`` for perftest's other error lines. ``memlock_lifted``: the run had the limit
-    lifted (host_prep runs it as root under ``prlimit --memlock=unlimited``), so an ENOMEM then
-    comes from the kernel's own memory, not the limit."""
+    ``error`` for perftest's other error lines. ``memlock_lifted``: the run was not bound by the
+    limit (host_prep runs it as root, whose CAP_IPC_LOCK lifts it), so an ENOMEM then comes from
+    the kernel's own memory, not the limit."""
     text = text or ""
     device = _PERFTEST_DEVICE.search(text)
     name = device.group(1) if device else "ib_write_bw"
@@ -324,8 +324,8 @@ def ib_write_bw_refusal(text: str, memlock_lifted: bool = True) -> dict | None:
         )
         if memlock_lifted:
             message += (
-                "; this run had the limit lifted (root, prlimit --memlock=unlimited), so the "
-                "kernel itself refused the memory: see the kernel warnings of preflight (a DGX "
+                "; this run was root's, whose CAP_IPC_LOCK lifts the limit, so the kernel "
+                "itself refused the memory: see the kernel warnings of preflight (a DGX "
                 "OS kernel whose memory reservation makes ibv_reg_mr fail with ENOMEM, "
                 "spark-vllm-docker issue 392)"
             )
