@@ -99,7 +99,8 @@ def pytest_terminal_summary(terminalreporter) -> None:
 MODULE_ORDER = (
     "test_pair", "test_vllm_registry_info", "test_host_prep", "test_image_inputs",
     "test_model_cache", "test_chat", "test_weights", "test_first_start", "test_collective",
-    "test_operate", "test_rerun", "test_firewall", "test_teardown", "test_monitoring",
+    "test_operate", "test_rerun", "test_container_settings", "test_firewall", "test_teardown",
+    "test_monitoring",
     "test_recovery", "test_serving", "test_upgrade",
 )  # fmt: skip
 

@@ -265,3 +265,53 @@ def test_after_a_node_restart_the_table_is_back_before_ray_listens(firewalled, n
     assert connect(outsider, head.fast_ip, GCS_PORT) == "refused"
     assert connect(head.container, worker.fast_ip, NODE_MANAGER_PORT) == "open"
     assert completion(head) == 2
+
+
+def serving_sources(node) -> list[str]:
+    """The elements of the node's serving_sources set, as the live table holds them."""
+    table = docker("exec", node.container, "nft", "-s", "list", "table", *TABLE)
+    found = re.search(r"set serving_sources \{[^}]*?elements = \{ ([^}]*) \}", table)
+    return found.group(1).split(", ") if found else []
+
+
+def in_step_report(run) -> str:
+    said = [r.get("msg", "") for name, _h, r in run.results() if name == "Report it"]
+    assert said, f"in_step.yml said nothing:\n{run.raw[-3000:]}"
+    return said[0] if isinstance(said[0], str) else "\n".join(said[0])
+
+
+def test_a_changed_allowed_sources_reaches_the_firewall_through_deploy(
+    deployed_pair, nodes, outsider, controller, playbook
+):
+    """deploy.yml with vllm_serve_allowed_sources narrowed to the controller: the run starts at
+    host_prep (its firewall reads the setting), the head's table holds the new set, the
+    outsider is refused on the serving port while the controller is answered, and the same run
+    again is in step. The inventory's default then admits the outsider again, and a bad CIDR
+    is refused before any node is changed."""
+    head = nodes[0]
+    default = serving_sources(head)
+    narrowed = ["-e", json.dumps({"vllm_serve_allowed_sources": [f"{controller}/32"]})]
+    try:
+        run = playbook("deploy.yml", *narrowed)
+        assert run.rc == 0, run.failures() or run.raw[-4000:]
+        said = in_step_report(run)
+        assert said.startswith("Running every stage:"), said
+        assert "the settings, inventory or collection changed" in said, said
+        assert serving_sources(head) == [controller], (serving_sources(head), default)
+        assert connect(outsider, head.mgmt_ip, SERVING_PORT) == "refused"
+        assert completion(head) == 2
+        again = playbook("deploy.yml", *narrowed)
+        assert again.rc == 0, again.failures()
+        assert in_step_report(again).startswith("In step"), in_step_report(again)
+        assert again.changed() == {"localhost": 0, "spark-1": 0, "spark-2": 0}
+    finally:
+        back = playbook("deploy.yml")
+        assert back.rc == 0, back.failures() or back.raw[-4000:]
+    assert serving_sources(head) == default
+    assert connect(outsider, head.mgmt_ip, SERVING_PORT) == "open"
+    bad = playbook("deploy.yml", "-e", json.dumps({"vllm_serve_allowed_sources": ["10.0.0.0/33"]}))
+    assert bad.rc != 0
+    assert "vllm_serve_allowed_sources" in "\n".join(bad.failures()), bad.failures()
+    assert "10.0.0.0/33" in "\n".join(bad.failures()), bad.failures()
+    assert bad.changed() == {"localhost": 0, "spark-1": 0, "spark-2": 0}, bad.changed_tasks()
+    assert serving_sources(head) == default
