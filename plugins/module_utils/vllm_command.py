@@ -36,6 +36,8 @@ MANAGED_FLAGS = {
     "--load-format": "vllm_serve_load_format",
     "--gpu-memory-utilization": "vllm_serve_gpu_memory_utilization",
     "--max-num-batched-tokens": "vllm_serve_max_num_batched_tokens",
+    "--max-num-seqs": "vllm_serve_max_num_seqs",
+    "--max-cudagraph-capture-size": "vllm_serve_max_cudagraph_capture_size",
     "--enable-prefix-caching": "vllm_serve_enable_prefix_caching",
     "--speculative-config": "vllm_serve_speculative_config",
     "--served-model-name": "vllm_serve_served_model_name",
@@ -81,6 +83,9 @@ def setting_errors(settings: dict) -> list[str]:
     check("pipeline_parallel_size", lambda v: v.is_integer() and v >= 1, "an integer >= 1")
     check("max_model_len", lambda v: v.is_integer() and v >= 1, "an integer >= 1, or empty", True)
     check("max_num_batched_tokens", lambda v: v.is_integer() and v >= 1,
+          "an integer >= 1, or empty", True)  # fmt: skip
+    check("max_num_seqs", lambda v: v.is_integer() and v >= 1, "an integer >= 1, or empty", True)
+    check("max_cudagraph_capture_size", lambda v: v.is_integer() and v >= 1,
           "an integer >= 1, or empty", True)  # fmt: skip
     check("gpu_memory_utilization", lambda v: 0 < v <= 1, "a number in (0, 1], or empty", True)
     if str(settings.get("port")) == str(settings.get("master_port")):
@@ -166,6 +171,10 @@ def serve_args(
     _flag(args, "max-model-len", settings.get("max_model_len"))
     _flag(args, "gpu-memory-utilization", settings.get("gpu_memory_utilization"))
     _flag(args, "max-num-batched-tokens", settings.get("max_num_batched_tokens"))
+    # Each sequence count up to the capture size gets a CUDA graph at start: both bound the
+    # capture (empty leaves vLLM's defaults, 256 and a size derived from it).
+    _flag(args, "max-num-seqs", settings.get("max_num_seqs"))
+    _flag(args, "max-cudagraph-capture-size", settings.get("max_cudagraph_capture_size"))
     # "auto" is vLLM's own default: no flag (the role resolves its own "auto" before).
     if settings.get("load_format") not in (None, "", "auto"):
         _flag(args, "load-format", settings["load_format"])

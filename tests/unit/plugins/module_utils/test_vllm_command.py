@@ -44,6 +44,7 @@ def test_ray_backend_head_renders_the_recipe():
         "--max-model-len", "262144",
         "--gpu-memory-utilization", "0.8",
         "--max-num-batched-tokens", "8192",
+        "--max-num-seqs", "4",
         "--enable-prefix-caching",
         "--served-model-name", "Qwen3.5-122B-A10B-FP8",
         "--host", "0.0.0.0",
@@ -219,6 +220,8 @@ def test_the_production_settings_have_no_errors():
         ({"gpu_memory_utilization": 1.2}, "vllm_serve_gpu_memory_utilization is 1.2"),
         ({"gpu_memory_utilization": True}, "vllm_serve_gpu_memory_utilization is True"),
         ({"max_num_batched_tokens": 0}, "vllm_serve_max_num_batched_tokens is 0"),
+        ({"max_num_seqs": 0}, "vllm_serve_max_num_seqs is 0; allowed: an integer >= 1"),
+        ({"max_cudagraph_capture_size": 2.5}, "vllm_serve_max_cudagraph_capture_size is 2.5"),
         ({"tensor_parallel_size": 0}, "vllm_serve_tensor_parallel_size is 0; allowed: an integer"),
         ({"pipeline_parallel_size": -1}, "vllm_serve_pipeline_parallel_size is -1"),
         ({"served_model_name": " "}, "vllm_serve_served_model_name is empty"),
@@ -227,6 +230,15 @@ def test_the_production_settings_have_no_errors():
 def test_settings_vllm_would_refuse_are_named(override, message):
     errors = vllm_command.setting_errors(production_settings(**override))
     assert any(e.startswith(message) for e in errors), errors
+
+
+def test_the_capture_bound_is_passed_when_set():
+    args = vllm_command.serve_args(
+        production_settings(max_cudagraph_capture_size=16, max_num_seqs=""),
+        backend="ray", node_rank=0, nnodes=2, master_addr="198.51.100.11",
+    )  # fmt: skip
+    assert "--max-num-seqs" not in args
+    assert args[args.index("--max-cudagraph-capture-size") + 1] == "16"
 
 
 def test_empty_values_leave_vllms_defaults():
