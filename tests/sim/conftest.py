@@ -101,7 +101,7 @@ MODULE_ORDER = (
     "test_model_cache", "test_chat", "test_weights", "test_first_start", "test_collective",
     "test_operate", "test_rerun", "test_container_settings", "test_firewall", "test_teardown",
     "test_monitoring",
-    "test_recovery", "test_serving", "test_upgrade",
+    "test_recovery", "test_watchdog_busy", "test_serving", "test_upgrade",
 )  # fmt: skip
 
 

@@ -28,10 +28,10 @@ def report(run) -> str:
 
 def containers(node) -> dict[str, dict]:
     """The node's rank containers: name -> {id, env (a dict)}."""
-    names = on_node(node, "docker", "ps", "-a", "--format", "{{.Names}}").split()
+    names = on_node(node, "docker", "ps", "-a", "--format", "{{.Names}}").stdout.split()
     found = {}
     for name in [n for n in names if n in RANK_CONTAINERS]:
-        attrs = json.loads(on_node(node, "docker", "inspect", name))[0]
+        attrs = json.loads(on_node(node, "docker", "inspect", name).stdout)[0]
         env = dict(item.split("=", 1) for item in attrs["Config"]["Env"])
         found[name] = {"id": attrs["Id"], "env": env, "running": attrs["State"]["Running"]}
     return found

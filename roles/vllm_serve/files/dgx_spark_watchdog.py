@@ -247,7 +247,7 @@ def probe(url: str, key: str, model: str, timeout: float) -> bool:
 def metrics(url: str, key: str, model: str, timeout: float) -> dict | None:
     """vLLM's gauges and counters for ``model`` (``vllm_metrics.summarize``); None when
     ``/metrics`` gives none."""
-    text, _ = vllm_client.Client(url, key, timeout, opener=urllib_open).metrics()
+    text = vllm_client.Client(url, key, timeout, opener=urllib_open).metrics()[0]
     try:
         return vllm_metrics.summarize(text, model) if text else None
     except vllm_metrics.MetricsError:

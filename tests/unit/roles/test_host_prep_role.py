@@ -85,7 +85,7 @@ def test_script_refuses_an_unbounded_buffer(script, capsys):
 
 def test_script_finds_link_checks_in_the_checkout(script):
     checks = script.load_link_checks()
-    assert checks.DEFAULT_MIN_BUSBW_GBPS == 21.875
+    assert (checks.DEFAULT_BUSBW_FLOOR_GBPS, checks.DEFAULT_HEALTHY_BUSBW_GBPS) == (6.0, 21.875)
 
 
 def test_the_node_gets_every_file_the_nccl_check_imports(script):
