@@ -78,7 +78,7 @@ def make_arg_parser(parser):
     parser.add_argument("model_tag", nargs="?")
     parser.add_argument("-tp", "--tensor-parallel-size", type=int, default=1)
     parser.add_argument("--distributed-executor-backend")
-    parser.add_argument("--max-num-seqs", type=int)
+    parser.add_argument("--seed", type=int)
     parser.add_argument("--max-model-len", type=int)
     parser.add_argument("--speculative-config", type=json.loads)
     parser.add_argument("--reasoning-parser"{reasoning_choices})
@@ -230,7 +230,7 @@ def test_probe_reads_each_layouts_registry(tmp_path):
 @pytest.mark.parametrize(
     ("change", "setting", "flag", "words"),
     [
-        (["--max-num-seqs", "abc"], EXTRA_SETTING, "--max-num-seqs", "invalid int value: 'abc'"),
+        (["--seed", "abc"], EXTRA_SETTING, "--seed", "invalid int value: 'abc'"),
         (["--no-such-flag"], EXTRA_SETTING, "--no-such-flag", "unrecognized arguments"),
         (["--speculative-config", "{"], SPEC, "--speculative-config", "invalid loads"),
         (["--speculative-config", '{"method": "eagle9"}'], SPEC,
@@ -362,7 +362,7 @@ def test_flag_value(args, flag, value):
         ("--reasoning_parser", "vllm_serve_reasoning_parser"),
         ("--nnodes", "vllm_serve_backend"),
         ("--master-addr", "spark_fast_ip"),
-        ("--max-num-seqs", EXTRA_SETTING),
+        ("--seed", EXTRA_SETTING),
         ("model_tag", "vllm_serve_model_path"),
     ],
 )
@@ -409,15 +409,15 @@ def test_read_only():
 
 def test_refusal_message():
     problems = [
-        {"setting": EXTRA_SETTING, "flag": "--max-num-seqs", "stage": "parse",
-         "message": "argument --max-num-seqs: invalid int value: 'abc'"},
+        {"setting": EXTRA_SETTING, "flag": "--seed", "stage": "parse",
+         "message": "argument --seed: invalid int value: 'abc'"},
         {"setting": "vllm_serve_reasoning_parser", "flag": "--reasoning-parser",
          "stage": "registry", "message": "vLLM 0.32.0+cpu has no reasoning parser 'x'"},
     ]  # fmt: skip
     assert refusal_message(problems, "dgx-spark/vllm-serving:current", "spark-1", "0.32.0+cpu") == (
         "spark-1: vLLM 0.32.0+cpu in dgx-spark/vllm-serving:current refuses the serving "
         "configuration; no container was touched and the running endpoint serves as before: "
-        "vllm_serve_extra_args (--max-num-seqs): argument --max-num-seqs: invalid int value: "
+        "vllm_serve_extra_args (--seed): argument --seed: invalid int value: "
         "'abc'; vllm_serve_reasoning_parser (--reasoning-parser): vLLM 0.32.0+cpu has no "
         "reasoning parser 'x'"
     )

@@ -147,7 +147,7 @@ def test_check_mode_asks_too(client, capsys):
 
 @pytest.mark.parametrize("image", [IMAGE, OLD])
 def test_refusals_name_the_settings(client, capsys, image):
-    args = [MODEL, "--max-num-seqs", "abc", "--reasoning-parser", "qwen9",
+    args = [MODEL, "--seed", "abc", "--reasoning-parser", "qwen9",
             "--enable-auto-tool-choice", "--tool-call-parser", "nope"]  # fmt: skip
     code, out = run({"image": image, "args": args}, capsys)
     assert code == 1
@@ -155,11 +155,11 @@ def test_refusals_name_the_settings(client, capsys, image):
     # argparse stops at the first bad argument; the registries still judge the names.
     by_setting = {p["setting"]: p for p in out["problems"]}
     assert by_setting["vllm_serve_extra_args"]["message"] == (
-        "argument --max-num-seqs: invalid int value: 'abc'"
+        "argument --seed: invalid int value: 'abc'"
     )
     assert "vllm_serve_tool_call_parser" in by_setting
     assert out["msg"].startswith(f"{NODE}: vLLM {out['vllm_version']} in {image} refuses")
-    assert "vllm_serve_extra_args (--max-num-seqs): argument --max-num-seqs" in out["msg"]
+    assert "vllm_serve_extra_args (--seed): argument --seed" in out["msg"]
 
 
 def test_reported_without_failing(client, capsys):
@@ -282,7 +282,7 @@ def test_a_change_asks_again(client, capsys, tmp_path, model_dir, change):
     given = cached_args(model_dir, cache)
     assert run(given, capsys)[0] == 0
     if change == "arg":
-        given["args"] = [*GOOD, "--max-num-seqs", "8"]
+        given["args"] = [*GOOD, "--seed", "8"]
     elif change == "env":
         given["env"] = {"VLLM_LOGGING_LEVEL": "DEBUG"}
     elif change == "file-size":
@@ -307,7 +307,7 @@ def test_a_change_asks_again(client, capsys, tmp_path, model_dir, change):
 
 def test_a_refusal_is_not_remembered(client, capsys, tmp_path, model_dir):
     cache = tmp_path / "cache"
-    given = cached_args(model_dir, cache, args=[MODEL, "--max-num-seqs", "abc"])
+    given = cached_args(model_dir, cache, args=[MODEL, "--seed", "abc"])
     for expected_runs in (1, 2):
         code, out = run(given, capsys)
         assert code == 1 and out["refused"] is True and out["cached"] is False
