@@ -46,9 +46,9 @@ def vllm_serve_start_setting_errors(stall_timeout, health_timeout, load_format="
     return vllm_start.setting_errors(stall_timeout, health_timeout, load_format)
 
 
-def vllm_serve_watchdog_setting_errors(interval, failures, max_restarts, window):
+def vllm_serve_watchdog_setting_errors(interval, failures, max_restarts, window, busy_limit=0):
     """What the watchdog's settings refuse, as messages naming the variables."""
-    return vllm_start.watchdog_setting_errors(interval, failures, max_restarts, window)
+    return vllm_start.watchdog_setting_errors(interval, failures, max_restarts, window, busy_limit)
 
 
 def vllm_serve_auth_errors(key_set, hardware, allow_unauthenticated, port):

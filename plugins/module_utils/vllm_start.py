@@ -325,10 +325,12 @@ WATCHDOG_RANGES = {
     "vllm_serve_watchdog_failures": (1, 20, "probes"),
     "vllm_serve_watchdog_max_restarts": (1, 20, "restarts"),
     "vllm_serve_watchdog_window": (60, 86400, "seconds"),
+    # 0: never wait for a busy server (restart as soon as the probes fail).
+    "vllm_serve_watchdog_busy_limit": (0, 86400, "seconds"),
 }
 
 
-def watchdog_setting_errors(interval, failures, max_restarts, window) -> list[str]:
+def watchdog_setting_errors(interval, failures, max_restarts, window, busy_limit=0) -> list[str]:
     """What the watchdog's settings refuse, each message naming its variable and the range.
     The window must hold at least one judged failure (interval x failures): a shorter one
     could never count a second restart, and max_restarts would mean nothing."""
@@ -337,6 +339,7 @@ def watchdog_setting_errors(interval, failures, max_restarts, window) -> list[st
         "vllm_serve_watchdog_failures": failures,
         "vllm_serve_watchdog_max_restarts": max_restarts,
         "vllm_serve_watchdog_window": window,
+        "vllm_serve_watchdog_busy_limit": busy_limit,
     }
     errors = range_errors(given, WATCHDOG_RANGES)
     judged = (whole(interval) or 0) * (whole(failures) or 0)

@@ -340,6 +340,20 @@ def test_watchdog_setting_errors(interval, failures, restarts, window, expected)
     assert vllm_start.watchdog_setting_errors(interval, failures, restarts, window) == expected
 
 
+@pytest.mark.parametrize(
+    ("busy_limit", "expected"),
+    [
+        (600, []),  # the role's default
+        (0, []),  # never wait for a busy server
+        ("900", []),
+        (-1, ["vllm_serve_watchdog_busy_limit is -1; allowed: whole seconds 0-86400"]),
+        (90000, ["vllm_serve_watchdog_busy_limit is 90000; allowed: whole seconds 0-86400"]),
+    ],
+)
+def test_the_watchdog_s_busy_limit_is_checked(busy_limit, expected):
+    assert vllm_start.watchdog_setting_errors(30, 3, 3, 1800, busy_limit) == expected
+
+
 # --------------------------------------------------------------------------- failed start
 FAILED = {
     "image": "dgx-spark/vllm-serving:current",
