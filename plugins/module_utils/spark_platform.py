@@ -5,9 +5,9 @@
 * ``nvidia-smi --query-gpu=name,driver_version --format=csv,noheader`` (or ``name`` alone):
   every GPU a GB10, and as many as ``spark_gpus`` says.
 * The kernel release (``uname -r``) and the NVIDIA driver release against a small table of
-  releases with public reports of breaking RDMA or NCCL (or the GPU driver) on Sparks. A
-  match is a warning with its reason and source, never a failure: the reports describe
-  symptoms on some setups, and the link checks decide.
+  releases with public reports of breaking RDMA or NCCL (or the GPU driver, or vLLM's CUDA
+  graphs) on Sparks. A match is a warning with its reason and source, never a failure: the
+  reports describe symptoms on some setups, and the link checks decide.
 
 Pure standard library, no Ansible imports.
 """
@@ -71,6 +71,20 @@ KNOWN_BAD = (
             "kernel-6-17-0-1008-nvidia-aarch64-panics-cause-doe-mailbox-failure-pstore-"
             "evidence/366026",
         ),
+    },
+    {
+        # The 590 branch as nvidia-smi's driver_version prints it (590.44.01, 590.48.01, ...).
+        "component": "driver",
+        "match": r"590\.\d+(?:\.\d+)*",
+        "breaks": "vLLM's CUDA graphs",
+        "reason": (
+            "a two-Spark vLLM write-up (vLLM 0.19.0 in NGC's vllm 26.04 container, driver "
+            "580.142) says to stay on the 580 branch because driver 590.x has a confirmed "
+            "CUDA-graph deadlock on GB10. One write-up, no reproduction posted: if the start "
+            "stalls while vLLM captures CUDA graphs, this driver is the first suspect; the 580 "
+            "branch is the one reported working"
+        ),
+        "sources": ("conselara.dev/notes/dgx-spark-gb10-hardware-reference/",),
     },
 )
 

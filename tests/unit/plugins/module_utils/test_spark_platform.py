@@ -82,7 +82,8 @@ def test_every_table_entry_has_a_reason_and_a_source():
         assert entry["component"] in ("kernel", "driver")
         assert len(entry["reason"]) > 40 and entry["sources"]
         assert all(
-            s.startswith(("github.com/", "forums.developer.nvidia.com/")) for s in entry["sources"]
+            s.startswith(("github.com/", "forums.developer.nvidia.com/", "conselara.dev/"))
+            for s in entry["sources"]
         )
         assert set(entry) <= {"component", "match", "reason", "sources", "breaks"}
 
@@ -119,6 +120,44 @@ def test_platform_warnings_name_the_node_the_release_and_the_reason():
     assert sp.platform_warnings("6.17.0-1032-nvidia", ["580.142"], table=table)[0].startswith(
         "driver 580.142"
     )
+
+
+@pytest.mark.parametrize(
+    ("driver", "count"),
+    [
+        # 590.44.01 and 590.48.01: 590-branch releases as nvidia-smi prints driver_version.
+        ("590.44.01", 1),
+        ("590.48.01", 1),
+        ("590.12", 1),
+        ("580.173.02", 0),
+        ("580.142", 0),
+        ("595.71.05", 0),
+        ("5900.1", 0),
+        ("1590.48.01", 0),
+        ("590", 0),
+        ("", 0),
+    ],
+)
+def test_known_bad_drivers(driver, count):
+    assert len(sp.known_bad("driver", driver)) == count
+
+
+def test_a_590_driver_read_from_nvidia_smi_warns_about_cuda_graphs():
+    # The line nvidia-smi --query-gpu=name,driver_version --format=csv,noheader prints, with
+    # the 580.173.02 of nvidia_smi_gb10.txt swapped for a 590-branch release.
+    text = fixture("nvidia_smi_gb10.txt").replace("580.173.02", "590.48.01")
+    result = sp.check_gpus(text, 1, "spark-1")
+    assert result["passed"] is True and "driver 590.48.01" in result["message"]
+    drivers = [g["driver"] for g in result["gpus"]]
+    (warning,) = sp.platform_warnings("6.17.0-1032-nvidia", drivers, "spark-1")
+    assert warning.startswith(
+        "spark-1: driver 590.48.01 has public reports of breaking vLLM's CUDA graphs on Sparks:"
+    )
+    assert "deadlock" in warning and "580 branch" in warning
+    assert "(see conselara.dev/notes/dgx-spark-gb10-hardware-reference/)" in warning
+    # The same Spark on the 580 driver it was captured with: nothing to warn about.
+    gpus = sp.parse_gpus(fixture("nvidia_smi_gb10.txt"))
+    assert sp.platform_warnings("6.17.0-1032-nvidia", [g["driver"] for g in gpus]) == []
 
 
 def test_known_bad_refuses_an_unknown_component():
