@@ -263,3 +263,46 @@ def name_links(links: object, text: str, host: str, rc: int = 0, error: str = ""
     )
     out["message"] = f"{host}: {cabled} cabled (Up): {shown}"
     return out
+
+
+# NVIDIA's "Connect Two Sparks" playbook, step 2: "Make sure to use the same physical port on
+# each device to prevent issues with NCCL tests."
+# https://github.com/NVIDIA/dgx-spark-playbooks/blob/main/nvidia/connect-two-sparks/README.md
+SAME_PORT_GUIDE = "github.com/NVIDIA/dgx-spark-playbooks/blob/main/nvidia/connect-two-sparks"
+
+
+def _one_port(ports: object) -> int | None:
+    """A node's cabled QSFP port (``name_links``'s ``ports``, or a bare number), or None when
+    it is not known: no port Up, both Up, or not a port number."""
+    if isinstance(ports, (list, tuple)):
+        if len(ports) != 1:
+            return None
+        ports = ports[0]
+    if isinstance(ports, bool):
+        return None
+    if isinstance(ports, int):
+        return ports
+    if isinstance(ports, str) and ports.strip().isdigit():
+        return int(ports)
+    return None
+
+
+def port_mismatch(ports_by_node: dict) -> list[str]:
+    """A warning when the nodes' cables sit in different QSFP ports, else ``[]``.
+
+    ``ports_by_node`` maps each node to its cabled port as ``name_links`` found it (its
+    ``ports``: ``[0]`` or ``[1]``). A node whose port is not known (no port or both ports Up,
+    or no ConnectX-7 named the Spark way) is left out; with fewer than two known, or all the
+    same, there is nothing to say.
+    """
+    known = {str(host): _one_port(ports) for host, ports in (ports_by_node or {}).items()}
+    known = {host: port for host, port in sorted(known.items()) if port is not None}
+    if len(known) < 2 or len(set(known.values())) == 1:
+        return []
+    each = ", ".join(f"{host} QSFP port {port}" for host, port in known.items())
+    return [
+        f"the nodes' cables sit in different QSFP ports ({each}): NVIDIA's two-Spark guide "
+        "puts the cable in the same physical port on both Sparks, its step 2 says to avoid "
+        f"NCCL test problems ({SAME_PORT_GUIDE}). Move one end so both use the same port "
+        "number, then run again"
+    ]

@@ -309,3 +309,68 @@ def test_roce_auto_is_filled_and_the_input_is_not_changed():
     got = named(links, "ibdev2netdev_port0.txt")
     assert names(got) == PORT_0[:1]
     assert links == [{"netdev": "auto", "roce": "auto", "address": "198.51.100.11/24"}]
+
+
+# --------------------------------------------------------------------------- same port on both
+
+
+def cabled(name: str, host: str) -> list[int]:
+    """The node's cabled port as host_prep's validate finds it (``_host_prep_cabled.ports``)."""
+    return cp.name_links([{"address": "198.51.100.11/24"}], fixture(name), host)["ports"]
+
+
+def test_cables_in_different_ports_warn_naming_each_node_and_its_port():
+    ports = {
+        "spark-2": cabled("ibdev2netdev_port1.txt", "spark-2"),
+        "spark-1": cabled("ibdev2netdev_port0.txt", "spark-1"),
+    }
+    assert ports == {"spark-2": [1], "spark-1": [0]}
+    (warning,) = cp.port_mismatch(ports)
+    assert warning.startswith(
+        "the nodes' cables sit in different QSFP ports (spark-1 QSFP port 0, spark-2 QSFP port 1)"
+    )
+    assert "same physical port on both Sparks" in warning
+    assert "github.com/NVIDIA/dgx-spark-playbooks/blob/main/nvidia/connect-two-sparks" in warning
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        # The same cable seen by two captures in two listing orders: both port 1.
+        ("ibdev2netdev_port1.txt", "ibdev2netdev_up.txt"),
+        ("ibdev2netdev_port0.txt", "ibdev2netdev_port0.txt"),
+    ],
+)
+def test_cables_in_the_same_port_say_nothing(first, second):
+    ports = {"spark-1": cabled(first, "spark-1"), "spark-2": cabled(second, "spark-2")}
+    assert ports["spark-1"] == ports["spark-2"] and len(ports["spark-1"]) == 1
+    assert cp.port_mismatch(ports) == []
+
+
+@pytest.mark.parametrize(
+    "other",
+    [
+        # No port Up (name_links refuses this node anyway), or both ports cabled.
+        "ibdev2netdev_no_cable.txt",
+        "ibdev2netdev_both_ports.txt",
+    ],
+)
+def test_a_node_whose_port_is_unknown_says_nothing(other):
+    ports = {"spark-1": cabled("ibdev2netdev_port0.txt", "spark-1"), "spark-2": cabled(other, "h")}
+    assert ports["spark-1"] == [0] and len(ports["spark-2"]) != 1
+    assert cp.port_mismatch(ports) == []
+
+
+def test_port_mismatch_reads_what_the_playbook_hands_it():
+    # Off hardware (or no ConnectX-7 named the Spark way) a node has no ports: left out.
+    assert cp.port_mismatch({"spark-1": [0], "spark-2": []}) == []
+    assert cp.port_mismatch({"spark-1": [0], "spark-2": None}) == []
+    assert cp.port_mismatch({"spark-1": [1]}) == []
+    assert cp.port_mismatch({}) == [] and cp.port_mismatch(None) == []
+    # A bare number or its text (a hostvar that went through a template) counts as the port.
+    assert len(cp.port_mismatch({"spark-1": 0, "spark-2": "1"})) == 1
+    assert cp.port_mismatch({"spark-1": "1", "spark-2": [1]}) == []
+    assert cp.port_mismatch({"spark-1": True, "spark-2": [0]}) == []
+    # Three nodes, one odd: every known node is named.
+    (warning,) = cp.port_mismatch({"c": [1], "a": [1], "b": [0], "d": "auto"})
+    assert "(a QSFP port 1, b QSFP port 0, c QSFP port 1)" in warning
