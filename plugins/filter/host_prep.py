@@ -39,6 +39,10 @@ def host_prep_nodes(hosts, hostvars, me=None, suffix="-fast"):
         "host_entries": fast_link.host_entries(nodes, str(suffix)),
         "names_by_node": fast_link.known_host_names(nodes, str(suffix)),
         "peers": fast_link.peer_targets(links, str(me)) if me is not None else [],
+        # Each node's cabled QSFP port as preflight found it (hardware only; none on the sim).
+        "port_warnings": cx7_ports.port_mismatch(
+            {h: (hostvars[h].get("_host_prep_cabled") or {}).get("ports") for h in hosts}
+        ),
     }
 
 

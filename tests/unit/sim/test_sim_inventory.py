@@ -28,7 +28,7 @@ SIM_ONLY = {
     "model_cache_local_dir": "the checkpoint sim-up trains on the controller",
     "vllm_serve_api_key": "a real deployment keeps its key in a vault",
     "vllm_serve_health_timeout": "the tiny model loads in seconds",
-    "vllm_serve_max_num_seqs": "the CPU build captures no CUDA graphs; the benchmarks keep their figures",
+    "vllm_serve_max_num_seqs": "no CUDA graphs on the CPU build; the benchmarks keep their figures",
     "vllm_serve_start_stall_timeout": "no step of the tiny model's start waits a minute",
     "vllm_serve_watchdog_interval": "the drills finish sooner",
 }

@@ -59,6 +59,18 @@ def test_nodes_gives_errors_hosts_names_and_peers():
     assert [(p["peer"], p["netdev"], p["ip"]) for p in got["peers"]] == [
         ("spark-1", "eth0", "172.30.241.11")
     ]
+    assert got["port_warnings"] == []  # no cabled port known (the sim)
+
+
+def test_nodes_warn_when_the_cables_sit_in_different_ports():
+    hostvars = _hostvars()
+    hostvars["spark-1"]["_host_prep_cabled"] = {"ports": [0]}
+    hostvars["spark-2"]["_host_prep_cabled"] = {"ports": [1]}
+    got = hp.host_prep_nodes(["spark-1", "spark-2"], hostvars)
+    assert len(got["port_warnings"]) == 1
+    assert "spark-1 QSFP port 0, spark-2 QSFP port 1" in got["port_warnings"][0]
+    hostvars["spark-2"]["_host_prep_cabled"] = {"ports": [0]}
+    assert hp.host_prep_nodes(["spark-1", "spark-2"], hostvars)["port_warnings"] == []
 
 
 def test_check_dispatches_and_turns_unreadable_output_into_a_failure():
