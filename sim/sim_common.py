@@ -8,6 +8,7 @@ import re
 import subprocess
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -18,6 +19,23 @@ DOCKER = os.environ.get("DGXSIM_DOCKER", "docker")
 
 LABEL = "dgx_spark.sim"
 INPUTS_LABEL = "dgx_spark.sim.inputs"
+
+
+@dataclass(frozen=True)
+class Node:
+    """One simulated Spark: its inventory name, management IP and fast-link IP."""
+
+    name: str
+    mgmt_ip: str
+    fast_ip: str
+
+    @property
+    def container(self) -> str:
+        return f"dgxsim-{self.name}"
+
+    @property
+    def volume(self) -> str:
+        return f"dgxsim-{self.name}-docker"
 
 
 class SimError(Exception):

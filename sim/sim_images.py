@@ -20,13 +20,9 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import sim_common
-from sim_common import INPUTS_LABEL, LABEL, ROOT, STATE, SimError, docker, log, run_step
-
-if TYPE_CHECKING:
-    from simctl import Node
+from sim_common import INPUTS_LABEL, LABEL, ROOT, STATE, Node, SimError, docker, log, run_step
 
 SIM = ROOT / "sim"
 CACHE = Path(os.environ.get("DGX_SPARK_CACHE", ROOT / ".cache"))

@@ -28,7 +28,6 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -38,7 +37,7 @@ if str(Path(__file__).resolve().parent) not in sys.path:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import sim_common  # noqa: E402
-from sim_common import INPUTS_LABEL, LABEL, ROOT, STATE, SimError, docker, log  # noqa: E402
+from sim_common import INPUTS_LABEL, LABEL, ROOT, STATE, Node, SimError, docker, log  # noqa: E402
 from sim_images import (  # noqa: E402
     CLUSTER_IMAGE,
     DONOR_IMAGE,
@@ -78,21 +77,6 @@ DIND_FLAGS = [
 
 MIN_FREE_GB_COLD = 30
 MIN_FREE_GB_WARM = 2
-
-
-@dataclass(frozen=True)
-class Node:
-    name: str
-    mgmt_ip: str
-    fast_ip: str
-
-    @property
-    def container(self) -> str:
-        return f"dgxsim-{self.name}"
-
-    @property
-    def volume(self) -> str:
-        return f"dgxsim-{self.name}-docker"
 
 
 def read_nodes(inventory: Path = INVENTORY) -> list[Node]:

@@ -44,3 +44,13 @@ def test_a_failing_docker_command_names_itself_and_its_error(sim_common, monkeyp
     ):
         sim_common.docker("image", "inspect", "nothing:here", "--extra")
     assert sim_common.docker("image", "inspect", "x", check=False).returncode == 1
+
+
+def test_a_node_names_its_container_and_volume_and_is_the_one_simctl_and_sim_images_use(
+    sim_common, simctl
+):
+    node = sim_common.Node("spark-1", "10.0.0.1", "192.168.100.1")
+    assert node.container == "dgxsim-spark-1"
+    assert node.volume == "dgxsim-spark-1-docker"
+    assert simctl.Node is sim_common.Node
+    assert simctl.read_nodes()[0].__class__ is sim_common.Node
