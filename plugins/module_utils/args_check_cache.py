@@ -23,12 +23,13 @@ file per key, in a directory of the node. Only acceptances are written; the modu
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import re
 import stat
 import tempfile
+
+from ansible_collections.dgx_spark.cluster.plugins.module_utils.deployment_record import digest
 
 # Beyond this many entries (files and directories) below one volume, taking the fingerprint
 # costs more than it saves; such a configuration is not remembered.
@@ -109,8 +110,7 @@ def volume_host(volume: str) -> str:
 
 def probe_digest(entrypoint: list, request: str) -> str:
     """SHA-256 of the probe as it runs: its entrypoint (with the source) and its request."""
-    text = json.dumps([list(entrypoint), request], sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+    return digest([list(entrypoint), request], plain=True)
 
 
 def cache_key(
@@ -139,7 +139,7 @@ def cache_key(
         if not host.startswith("/") or not tree or not tree.get("complete"):
             return None
         fingerprints[host] = {"exists": bool(tree.get("exists")), "entries": tree["entries"]}
-    canonical = json.dumps(
+    return digest(
         {
             "version": ENTRY_VERSION,
             "image_id": image_id,
@@ -151,11 +151,8 @@ def cache_key(
             "probe": probe,
             "trees": fingerprints,
         },
-        sort_keys=True,
-        separators=(",", ":"),
-        ensure_ascii=True,
+        plain=True,
     )
-    return hashlib.sha256(canonical.encode("ascii")).hexdigest()
 
 
 def entry_path(cache_dir: str, key: str) -> str:

@@ -32,6 +32,7 @@ Pure standard library; the module reads Docker and the files.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 
 RANK_COMPONENTS = ("ray", "vllm")
@@ -112,6 +113,14 @@ def tree_stat(root: str) -> dict[str, list[int]]:
             except OSError:
                 out[os.path.relpath(path, root)] = [-1, -1]
     return out
+
+
+def digest(value, length: int | None = None, plain: bool = False) -> str:
+    """SHA-256 (hex; its first ``length`` digits) of a value's canonical JSON: keys sorted,
+    no spaces, ASCII. What JSON lacks is written as its str(), or with ``plain`` refused
+    (TypeError). The one digest of settings, inputs and plans that every stage records."""
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), default=None if plain else str)
+    return hashlib.sha256(text.encode("ascii")).hexdigest()[:length]
 
 
 def text_digest(text: str) -> str:

@@ -20,10 +20,10 @@ is a function of values the role has already read (``docker image inspect`` outp
 from __future__ import annotations
 
 import ast
-import hashlib
 import json
 import re
 
+from ansible_collections.dgx_spark.cluster.plugins.module_utils.deployment_record import digest
 from ansible_collections.dgx_spark.cluster.plugins.module_utils.vllm_registry import (
     MERGED_NAME,
     MODELS_PACKAGE,
@@ -74,10 +74,9 @@ def input_digest(inputs: object, length: int = DIGEST_LENGTH) -> str:
     Keys are sorted, so the order in which the role collects inputs does not matter.
     """
     try:
-        canonical = json.dumps(inputs, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+        return digest(inputs, length, plain=True)
     except (TypeError, ValueError) as exc:
         raise HybridImageError(f"build inputs are not plain data: {exc}") from exc
-    return hashlib.sha256(canonical.encode("ascii")).hexdigest()[:length]
 
 
 # --------------------------------------------------------------------------- environment

@@ -13,8 +13,9 @@ plans the run. Pure standard library, no I/O.
 
 from __future__ import annotations
 
-import hashlib
 import json
+
+from ansible_collections.dgx_spark.cluster.plugins.module_utils.deployment_record import digest
 
 LINK_CHECK_MODES = ("auto", "always", "never")
 LINK_CHECK_RECORD_FORMAT = 1
@@ -41,8 +42,7 @@ def serving_containers(containers: list[dict] | None, name: str) -> list[str]:
 
 def settings_fingerprint(settings: dict) -> str:
     """A short digest of the settings a link check measured (canonical JSON, SHA-256)."""
-    text = json.dumps(settings, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    return digest(settings, 16)
 
 
 def read_link_record(text: str | None) -> dict | None:

@@ -18,10 +18,10 @@ module reads that output on the controller and decides:
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 
+from ansible_collections.dgx_spark.cluster.plugins.module_utils.deployment_record import digest
 from ansible_collections.dgx_spark.cluster.plugins.module_utils.link_checks import (
     nccl_device_mismatch,
     nccl_transport,
@@ -42,8 +42,7 @@ _ERROR = re.compile(r"^(?:[\w.]+(?:Error|Exception)|torch\.\w+\.\w+Error)\b.*$",
 
 def settings_digest(settings: dict) -> str:
     """A short digest of what the ranks communicate with (canonical JSON, SHA-256)."""
-    text = json.dumps(settings, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    return digest(settings, 16)
 
 
 def version_tuple(text: str | None) -> tuple[int, ...]:

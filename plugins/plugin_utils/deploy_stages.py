@@ -19,13 +19,13 @@ stage)."""
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
+from ansible_collections.dgx_spark.cluster.plugins.module_utils.deployment_record import digest
 
 ROOT = Path(__file__).resolve().parents[2]
 COLLECTION = "dgx_spark.cluster."
@@ -241,12 +241,6 @@ def setting_stage(name: str, stages: Stages | None = None) -> str:
     stages before that one nothing to do. The first stage for a name no stage reads."""
     stages = stages or load()
     return next((stage for stage in stages.order if name in stages.reads[stage]), stages.first)
-
-
-def digest(value) -> str:
-    """SHA-256 of the canonical JSON of a value (sorted keys; what JSON lacks as its text)."""
-    text = json.dumps(value, sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def fingerprints(settings: dict, common, stages: Stages | None = None) -> dict[str, str]:

@@ -172,3 +172,30 @@ def test_a_failed_start_with_nothing_served_before_has_nothing_to_roll_back_to(n
     message = " ".join(run.failures())
     assert "Nothing served before this run, so there is nothing to roll back to" in message, message
     print(f"\nnothing to roll back to: {message[:300]}")
+    said = [r.get("msg") for name, host, r in run.results()
+            if name.startswith("Say what was stopped") and host == "spark-1"]  # fmt: skip
+    assert said and "stopped: dgx-spark-vllm (stopped, kept for its logs)" in said[0][0], said
+    assert "no rank left in dgx-spark-ray" in said[0][1], said
+    assert "dgx_spark.cluster.logs" in said[0][2], said
+
+    # The failed start stays stopped: neither Docker nor the watchdog starts it again.
+    def state(node, name):
+        shown = on_node(node, "docker", "inspect", "-f",
+                        "{{.State.Running}} {{.RestartCount}} {{.State.StartedAt}}", name,
+                        check=False)  # fmt: skip
+        return shown.stdout.strip() if shown.returncode == 0 else "absent"
+
+    after_run = state(nodes[0], "dgx-spark-vllm")
+    assert after_run.startswith("false "), after_run
+    time.sleep(90)
+    assert state(nodes[0], "dgx-spark-vllm") == after_run
+    assert not state(nodes[0], "dgx-spark-watchdog").startswith("true"), "the watchdog runs"
+    for node in nodes:
+        top = on_node(node, "docker", "top", "dgx-spark-ray", "-eo", "pid,args").stdout
+        assert "ray::RayWorkerProc" not in top, (node.name, top)
+
+    # The cause fixed (the inventory's settings), the next run serves.
+    again = run_playbook("deploy.yml")
+    assert again.rc == 0, again.failures() or again.raw[-3000:]
+    assert complete(nodes, KEY)
+    print(f"after the failed first start, deploy.yml served in {again.seconds:.0f}s")
