@@ -8,7 +8,7 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 # Each long step of demo and test is a timed phase (a line every 30 s while it runs, its
 # seconds at the end); the table of phases closes the run. Standard library only.
-PHASES  := python3 benchmarks/phases.py
+PHASES  := python3 tools/phases.py
 export DGX_SPARK_PHASES ?= $(CURDIR)/.cache/phases.log
 
 .PHONY: help bootstrap venv lint unit sanity checks sim-up sim-down sim-clean sim-test molecule test test-drills demo teardown build timed-unit timed-sim-up molecule-scenarios test-lint-sanity test-on-the-pair

@@ -45,7 +45,7 @@ class SimError(Exception):
 def log(msg: str) -> None:
     # One write per line: sim-up's background steps log from several threads at once.
     print(f"[sim] {msg}\n", end="", flush=True)
-    # A step's time also goes to the phase log of make demo / make test (benchmarks/phases.py).
+    # A step's time also goes to the phase log of make demo / make test (tools/phases.py).
     phases = os.environ.get("DGX_SPARK_PHASES")
     if phases and re.search(r" in \d+s\b", msg):
         with open(phases, "a") as out:

@@ -34,10 +34,10 @@ sim_common = importlib.import_module("sim_common")
 sim_images = importlib.import_module("sim_images")
 # The fault drills (benchmarks/drills.py), shared by the recovery and serving tests.
 drills = _load("drills", ROOT / "benchmarks" / "drills.py")
-sim_test_runs = _load("sim_test_runs", ROOT / "benchmarks" / "sim_test_runs.py")
+sim_test_runs = _load("sim_test_runs", ROOT / "tools" / "sim_test_runs.py")
 
 # Every Ansible run of the session, a JSON line each (which test, what ran, its seconds and
-# tasks): benchmarks/sim_test_runs.py reads it, and the session's summary prints what it says.
+# tasks): tools/sim_test_runs.py reads it, and the session's summary prints what it says.
 RUNS_LOG = ROOT / sim_test_runs.DEFAULT_LOG
 
 
@@ -77,7 +77,7 @@ def _runs_log():
 def pytest_terminal_summary(terminalreporter) -> None:
     if _RUNS_LOGGED:
         session, ended, runs = sim_test_runs.read_log(RUNS_LOG.read_text(encoding="utf-8"))
-        terminalreporter.section("Ansible runs of the sim tests (benchmarks/sim_test_runs.py)")
+        terminalreporter.section("Ansible runs of the sim tests (tools/sim_test_runs.py)")
         terminalreporter.write_line(
             sim_test_runs.summary(session, runs, now=ended or time.time(), top=10)
         )

@@ -1,4 +1,4 @@
-"""benchmarks/sim_test_runs.py: the sim tests' Ansible runs, summed by module and by what ran."""
+"""tools/sim_test_runs.py: the sim tests' Ansible runs, summed by module and by what ran."""
 
 from __future__ import annotations
 
@@ -7,9 +7,7 @@ import json
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
-spec = importlib.util.spec_from_file_location(
-    "sim_test_runs", ROOT / "benchmarks" / "sim_test_runs.py"
-)
+spec = importlib.util.spec_from_file_location("sim_test_runs", ROOT / "tools" / "sim_test_runs.py")
 sim_test_runs = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(sim_test_runs)
 

@@ -12,8 +12,8 @@ Reads the kernel's per-cgroup CPU time (cgroup v1 cpuacct.usage or v2 cpu.stat) 
 /proc/stat, as root, on the machine that runs the pair.
 
 Usage (the pair up and deployed, from the repository root):
-    .venv/bin/python benchmarks/cpu_split.py [-i inventories/sim] [-- COMMAND...]
-    .venv/bin/python benchmarks/cpu_split.py --idle 60
+    .venv/bin/python tools/cpu_split.py [-i inventories/sim] [-- COMMAND...]
+    .venv/bin/python tools/cpu_split.py --idle 60
 Without a command it runs `deploy.yml -e deploy_full=true` (every stage, nothing to change).
 """
 
@@ -27,7 +27,10 @@ import sys
 import time
 from pathlib import Path
 
-from noop_rerun import BIN, timed
+# The product's no-op rerun benchmark (benchmarks/noop_rerun.py) times a playbook run; this
+# tool times its runs the same way.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+from noop_rerun import BIN, timed  # noqa: E402
 
 CGROUP = Path("/sys/fs/cgroup")
 # The sim's node containers carry this label (sim/sim_common.py).

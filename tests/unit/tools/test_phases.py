@@ -1,4 +1,4 @@
-"""benchmarks/phases.py: the timed phases of make demo / make test / .ci/run, and the table
+"""tools/phases.py: the timed phases of make demo / make test / .ci/run, and the table
 read back from a log."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
-SCRIPT = ROOT / "benchmarks" / "phases.py"
+SCRIPT = ROOT / "tools" / "phases.py"
 spec = importlib.util.spec_from_file_location("phases", SCRIPT)
 phases = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(phases)

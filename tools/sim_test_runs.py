@@ -16,7 +16,7 @@ session's end ({"ended": <epoch seconds>}, once the tests are done); each run's 
 not skipped (null for a run read as text).
 
 Usage (from the repository root, after `make sim-test` or `make test`):
-    python3 benchmarks/sim_test_runs.py [LOG] [--top N]
+    python3 tools/sim_test_runs.py [LOG] [--top N]
 """
 
 from __future__ import annotations

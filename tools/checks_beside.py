@@ -9,7 +9,7 @@ equal priority, then alone again; prints each run's seconds, its slowdown agains
 the two runs alone, and how long lint and sanity took beside it.
 
 Usage (the pair up and deployed, from the repository root):
-    .venv/bin/python benchmarks/checks_beside.py [-i inventories/sim]
+    .venv/bin/python tools/checks_beside.py [-i inventories/sim]
 """
 
 from __future__ import annotations
@@ -20,10 +20,14 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
-from noop_rerun import BIN, ROOT, timed
+# The product's no-op rerun benchmark (benchmarks/noop_rerun.py) times a playbook run; this
+# tool times its runs the same way.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+from noop_rerun import BIN, ROOT, timed  # noqa: E402
 
-PHASES = ROOT / "benchmarks" / "phases.py"
+PHASES = ROOT / "tools" / "phases.py"
 CHECKS = ["make", "--no-print-directory", "-j2", "--output-sync=target", "lint", "sanity"]
 # Let lint and sanity start (their first seconds read files) before the run is timed.
 HEAD_START_S = 15

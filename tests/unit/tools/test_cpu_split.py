@@ -1,17 +1,15 @@
-"""benchmarks/cpu_split.py: where the CPU of a playbook run on the sim goes, from the kernel's
+"""tools/cpu_split.py: where the CPU of a playbook run on the sim goes, from the kernel's
 per-cgroup counters and /proc/stat."""
 
 from __future__ import annotations
 
 import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(ROOT / "benchmarks"))  # it imports noop_rerun, its neighbour
-spec = importlib.util.spec_from_file_location("cpu_split", ROOT / "benchmarks" / "cpu_split.py")
+spec = importlib.util.spec_from_file_location("cpu_split", ROOT / "tools" / "cpu_split.py")
 cpu_split = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(cpu_split)
 
