@@ -21,20 +21,16 @@ from ansible.errors import AnsibleActionFail
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
-from ansible_collections.dgx_spark.cluster.plugins.module_utils import vllm_start
+from ansible_collections.dgx_spark.cluster.plugins.module_utils import vllm_client, vllm_start
 
 display = Display()
 
 ENDPOINT = "dgx_spark.cluster.vllm_endpoint"
 
+# The endpoint's options (shared with the vllm_endpoint and vllm_endpoint_info modules), then
+# the wait's own.
 ARGUMENT_SPEC = {
-    "url": {"type": "str", "default": "http://127.0.0.1:8000"},
-    "api_key": {"type": "str", "default": "", "no_log": True},
-    "model": {"type": "str"},
-    "completion": {"type": "bool", "default": True},
-    "prompt": {"type": "str", "default": "ping"},
-    "max_tokens": {"type": "int", "default": 1},
-    "request_timeout": {"type": "int", "default": 60},
+    **vllm_client.ENDPOINT_OPTIONS,
     "watch": {"type": "list", "elements": "str", "default": []},
     "stall_timeout": {"type": "int", "default": 900},
     "timeout": {"type": "int", "default": 3600},
@@ -45,8 +41,7 @@ ARGUMENT_SPEC = {
     "fail_on_unhealthy": {"type": "bool", "default": True},
 }
 # The task's options that each poll passes on to the module unchanged.
-PASSED_ON = ("url", "api_key", "model", "completion", "prompt", "max_tokens", "request_timeout",
-             "watch")  # fmt: skip
+PASSED_ON = (*vllm_client.ENDPOINT_OPTIONS, "watch")
 
 
 def _verdict_path(group: str) -> str:

@@ -1,6 +1,8 @@
 # Copyright: contributors to the dgx_spark.cluster collection
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""The options every module that asks the OpenAI-compatible endpoint shares."""
+"""The options every module that asks the OpenAI-compatible endpoint shares.
+
+They document ``vllm_client.ENDPOINT_OPTIONS``, the one argument spec of those options."""
 
 from __future__ import annotations
 
@@ -18,7 +20,10 @@ options:
     type: str
     default: ""
   model:
-    description: Served model name to ask for the completion.
+    description:
+      - Served model name to ask for the completion.
+      - M(dgx_spark.cluster.vllm_endpoint) requires it with O(completion);
+        M(dgx_spark.cluster.vllm_endpoint_info) takes the first model of C(/v1/models) without it.
     type: str
   completion:
     description: Require a completion as well as C(/health).
@@ -27,7 +32,7 @@ options:
   prompt:
     description: Prompt of the completion.
     type: str
-    default: ping
+    default: Hello
   max_tokens:
     description:
       - Tokens asked of the completion, greedily. An answer with at least one proves that the
@@ -35,7 +40,10 @@ options:
     type: int
     default: 1
   request_timeout:
-    description: Seconds one completion request may take.
+    description:
+      - Seconds one completion request may take.
+      - M(dgx_spark.cluster.vllm_endpoint_info) gives each of its requests (health, models, the
+        completion, each scrape) as long.
     type: int
     default: 60
 """

@@ -32,6 +32,20 @@ except ImportError:
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 
+# The options of every task that asks the endpoint, one default each: the argument spec of
+# the vllm_endpoint and vllm_endpoint_info modules and of the vllm_start_wait action, as
+# plugins/doc_fragments/vllm_endpoint.py documents it (a unit test holds the two together).
+ENDPOINT_OPTIONS: dict[str, dict] = {
+    "url": {"type": "str", "default": DEFAULT_URL},
+    "api_key": {"type": "str", "default": "", "no_log": True},
+    "model": {"type": "str"},
+    "completion": {"type": "bool", "default": True},
+    "prompt": {"type": "str", "default": "Hello"},
+    # A count of tokens, not a secret.
+    "max_tokens": {"type": "int", "default": 1, "no_log": False},
+    "request_timeout": {"type": "int", "default": 60},
+}
+
 
 def parse(raw: bytes) -> Any:
     """A body as JSON when it is a JSON object or list, else as text."""

@@ -137,6 +137,17 @@ try:
 except ImportError:
     docker = None
 
+# The endpoint's options (shared with vllm_endpoint_info and the vllm_start_wait action), then
+# this module's own.
+ARGUMENT_SPEC = {
+    **vllm_client.ENDPOINT_OPTIONS,
+    "timeout": {"type": "int", "default": 300},
+    "watch": {"type": "list", "elements": "str", "default": []},
+    "fail_on_unhealthy": {"type": "bool", "default": True},
+    "baseline": {"type": "dict"},
+    "logs_since": {"type": "float", "default": -1},
+}
+
 # At most this many log lines come back from one call (a poll sees a few seconds of them).
 LOG_LINES = 2000
 
@@ -245,21 +256,7 @@ def wait(params: dict, client, opener=open_url) -> dict:
 
 def main() -> None:
     module = AnsibleModule(
-        argument_spec={
-            "url": {"type": "str", "default": "http://127.0.0.1:8000"},
-            "api_key": {"type": "str", "default": "", "no_log": True},
-            "model": {"type": "str"},
-            "completion": {"type": "bool", "default": True},
-            "prompt": {"type": "str", "default": "ping"},
-            # A count of tokens, not a secret.
-            "max_tokens": {"type": "int", "default": 1, "no_log": False},
-            "timeout": {"type": "int", "default": 300},
-            "request_timeout": {"type": "int", "default": 60},
-            "watch": {"type": "list", "elements": "str", "default": []},
-            "fail_on_unhealthy": {"type": "bool", "default": True},
-            "baseline": {"type": "dict"},
-            "logs_since": {"type": "float", "default": -1},
-        },
+        argument_spec=ARGUMENT_SPEC,
         required_if=[("completion", True, ("model",))],
         supports_check_mode=True,
     )

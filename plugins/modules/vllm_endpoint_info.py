@@ -32,25 +32,16 @@ attributes:
 extends_documentation_fragment:
   - dgx_spark.cluster.vllm_endpoint
 options:
-  model:
-    description:
-      - Served model name to ask for the completion; empty takes the first model of C(/v1/models).
-    type: str
-    default: ""
   completion:
     description:
       - Ask for the timed completion. Off, only health, models and metrics are read, and
         RV(healthy) follows C(/health) alone.
     type: bool
     default: true
-  prompt:
-    description: Prompt of the completion.
-    type: str
-    default: Hello
   request_timeout:
     description: Seconds each request (health, models, the completion, each scrape) may take.
     type: int
-    default: 30
+    default: 60
     aliases: [timeout]
   metrics:
     description: Read C(/metrics). Off, RV(metrics) is empty (a probe needs none).
@@ -150,6 +141,15 @@ from ansible_collections.dgx_spark.cluster.plugins.module_utils import (  # noqa
     vllm_metrics,
 )
 
+# The endpoint's options (shared with vllm_endpoint and the vllm_start_wait action), then this
+# module's own. ``timeout`` is this module's earlier name of request_timeout.
+ARGUMENT_SPEC = {
+    **vllm_client.ENDPOINT_OPTIONS,
+    "request_timeout": {**vllm_client.ENDPOINT_OPTIONS["request_timeout"], "aliases": ["timeout"]},
+    "metrics": {"type": "bool", "default": True},
+    "metrics_interval": {"type": "float", "default": 1.0},
+}
+
 
 def _scrape(endpoint, model):
     text, error = endpoint.metrics()
@@ -235,18 +235,7 @@ def read(params: dict, opener) -> dict:
 
 def main():
     module = AnsibleModule(
-        argument_spec={
-            "url": {"type": "str", "default": "http://127.0.0.1:8000"},
-            "api_key": {"type": "str", "default": "", "no_log": True},
-            "model": {"type": "str", "default": ""},
-            "completion": {"type": "bool", "default": True},
-            "prompt": {"type": "str", "default": "Hello"},
-            # A count of tokens, not a secret.
-            "max_tokens": {"type": "int", "default": 1, "no_log": False},
-            "request_timeout": {"type": "int", "default": 30, "aliases": ["timeout"]},
-            "metrics": {"type": "bool", "default": True},
-            "metrics_interval": {"type": "float", "default": 1.0},
-        },
+        argument_spec=ARGUMENT_SPEC,
         supports_check_mode=True,
     )
     # http on loopback by default; a https URL may carry the node's own certificate.

@@ -51,3 +51,60 @@ def test_a_module_that_uses_the_code_takes_the_fragments_options(fragment):
         doc = documentation(module)
         assert f"dgx_spark.cluster.{fragment}" in doc.get("extends_documentation_fragment", [])
         assert not options & set(doc["options"]), f"{module.stem} documents them again"
+
+
+class _Stop(Exception):
+    pass
+
+
+def _spec_of_main(module, monkeypatch) -> dict:
+    """The argument spec a module's main() gives AnsibleModule."""
+    seen = {}
+
+    def capture(argument_spec, **_kwargs):
+        seen.update(argument_spec)
+        raise _Stop
+
+    monkeypatch.setattr(module, "AnsibleModule", capture)
+    with pytest.raises(_Stop):
+        module.main()
+    return seen
+
+
+def test_the_endpoint_options_are_one_spec_the_fragment_documents(monkeypatch):
+    """vllm_endpoint, vllm_endpoint_info and the vllm_start_wait action take the endpoint's
+    options from vllm_client.ENDPOINT_OPTIONS (the same objects, so one default each), and the
+    vllm_endpoint fragment documents exactly those options with those types and defaults."""
+    from ansible_collections.dgx_spark.cluster.plugins.action import vllm_start_wait
+    from ansible_collections.dgx_spark.cluster.plugins.module_utils.vllm_client import (
+        ENDPOINT_OPTIONS,
+    )
+    from ansible_collections.dgx_spark.cluster.plugins.modules import (
+        vllm_endpoint,
+        vllm_endpoint_info,
+    )
+
+    specs = {
+        "vllm_endpoint": _spec_of_main(vllm_endpoint, monkeypatch),
+        "vllm_endpoint_info": _spec_of_main(vllm_endpoint_info, monkeypatch),
+        "vllm_start_wait": vllm_start_wait.ARGUMENT_SPEC,
+    }
+    for user, spec in specs.items():
+        for name, option in ENDPOINT_OPTIONS.items():
+            if (user, name) == ("vllm_endpoint_info", "request_timeout"):
+                # The info module keeps its earlier name of the option as an alias.
+                assert spec[name] == {**option, "aliases": ["timeout"]}
+            else:
+                assert spec[name] is option, (user, name)
+
+    fragment = documentation(ROOT / "plugins/doc_fragments/vllm_endpoint.py")["options"]
+    assert set(fragment) == set(ENDPOINT_OPTIONS)
+    for name, option in ENDPOINT_OPTIONS.items():
+        assert fragment[name]["type"] == option["type"], name
+        assert fragment[name].get("default") == option.get("default"), name
+    # A module that describes one of them again in its own words keeps the type and default.
+    for user in specs:
+        own = documentation(ROOT / f"plugins/modules/{user}.py")["options"]
+        for name in set(own) & set(ENDPOINT_OPTIONS):
+            assert own[name]["type"] == ENDPOINT_OPTIONS[name]["type"], (user, name)
+            assert own[name].get("default") == ENDPOINT_OPTIONS[name].get("default"), (user, name)
