@@ -18,12 +18,13 @@ def vllm_serve_args(settings, backend, node_rank, nnodes, master_addr):
         raise AnsibleFilterError(str(exc)) from exc
 
 
-def vllm_serve_env(settings, backend, ray_address, token_path):
+def vllm_serve_env(settings, backend, ray_address, token_path, rpc_dir):
     return vllm_command.serve_env(
         dict(settings),
         backend=str(backend),
         ray_address=str(ray_address),
         token_path=str(token_path),
+        rpc_dir=str(rpc_dir),
     )
 
 

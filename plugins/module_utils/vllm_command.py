@@ -199,12 +199,12 @@ def serve_args(
     return args
 
 
-# Where the driver and the head's rank (in the Ray container) share their ZeroMQ sockets.
-RPC_DIR_IN_CONTAINER = "/run/dgx-spark-rpc"
-
-
-def serve_env(settings: dict, *, backend: str, ray_address: str, token_path: str) -> dict:
-    """Environment of the serving container beyond the communication file from host_prep."""
+def serve_env(
+    settings: dict, *, backend: str, ray_address: str, token_path: str, rpc_dir: str
+) -> dict:
+    """Environment of the serving container beyond the communication file from host_prep.
+    ``rpc_dir``: where the driver and the head's rank (in the Ray container) share their
+    ZeroMQ sockets, inside both containers (spark_ray_rpc_dir_in_container)."""
     env = {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
     if backend == "ray":
         env.update(
@@ -214,7 +214,7 @@ def serve_env(settings: dict, *, backend: str, ray_address: str, token_path: str
                 "RAY_AUTH_TOKEN_PATH": token_path,
                 # The driver's rank on the head runs in the Ray container: its IPC sockets
                 # must be in a directory both containers mount.
-                "VLLM_RPC_BASE_PATH": RPC_DIR_IN_CONTAINER,
+                "VLLM_RPC_BASE_PATH": rpc_dir,
             }
         )
     env.update({str(k): str(v) for k, v in (settings.get("env") or {}).items()})

@@ -71,6 +71,7 @@ def test_ray_backend_environment():
         backend="ray",
         ray_address="198.51.100.11:6379",
         token_path="/etc/dgx-spark-vllm/ray-token",
+        rpc_dir="/run/dgx-spark-rpc",
     )
     assert env == {
         "HF_HUB_OFFLINE": "1",
@@ -109,7 +110,7 @@ def test_multinode_head_and_headless_worker_agree_on_engine_settings():
     assert worker[worker.index("--node-rank") + 1] == "1" and worker[-1] == "--headless"
     assert "--port" in head and "--port" not in worker
     assert "RAY_ADDRESS" not in vllm_command.serve_env(
-        settings, backend="multinode", ray_address="x", token_path="y"
+        settings, backend="multinode", ray_address="x", token_path="y", rpc_dir="z"
     )
 
 
