@@ -12,6 +12,13 @@ from __future__ import annotations
 
 import re
 
+try:
+    from ansible_collections.dgx_spark.cluster.plugins.module_utils.vllm_log import parse
+except ImportError:
+    # Outside Ansible: the watchdog's directory on the head, where vllm_serve/tasks/watchdog.yml
+    # installs this file and vllm_log.py side by side.
+    from vllm_log import parse
+
 # Lines in which vLLM (or Python) says why it stopped, most specific first.
 _ERROR_LINE = re.compile(
     r"(error:|Error:|Error\b|Exception\b|Traceback|refused|invalid|must be|not supported"
@@ -28,19 +35,6 @@ _NOISE = re.compile(
 # "ray.exceptions.RayTaskError(SafetensorError): ray::RayWorkerProc.initialize_worker() (pid=425,
 # ip=172.30.241.12, ...)".
 _RAY_TASK_ERROR = re.compile(r"RayTaskError\((?P<kind>\w+)\)(?:.*?\bip=(?P<ip>[0-9A-Fa-f.:]+))?")
-# Colour codes, and the prefix Ray gives a rank's lines in the driver's log:
-# "\x1b[36m(RayWorkerProc pid=214, ip=172.30.241.12)\x1b[0m ".
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
-_RAY_PREFIX = re.compile(r"^\((?:[A-Za-z0-9_]+ )?pid=\d+(?:, ip=[^)]*)?\)\s*")
-# Ray's own log lines: "2026-12-01 04:27:01,479\tINFO worker.py:1691 -- Connecting ...".
-_RAY_LOG = re.compile(
-    r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+\s+(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL)\s+"
-)
-# vLLM's log prefix: "(APIServer pid=1) ERROR 11-30 06:07:10 [file.py:12] ".
-_PREFIX = re.compile(
-    r"^(\([A-Za-z0-9_]+ pid=\d+\)\s*)?(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL)?\s*"
-    r"(\d\d-\d\d \S+ \[[^\]]*\]\s*)?"
-)
 
 
 def container_failure(before: dict, now: dict) -> str:
@@ -64,16 +58,9 @@ def container_failure(before: dict, now: dict) -> str:
 
 
 def _strip(raw: str) -> tuple[str, str]:
-    """(level, text) of one log line, without vLLM's prefix."""
-    line = _ANSI.sub("", raw).rstrip()
-    line = _RAY_PREFIX.sub("", line.strip()) if _RAY_PREFIX.match(line.strip()) else line
-    ray_log = _RAY_LOG.match(line.strip())
-    if ray_log:
-        return ray_log.group("level"), line.strip()[ray_log.end() :]
-    prefix = _PREFIX.match(line.strip())
-    if not prefix or not prefix.end():
-        return "", line
-    return prefix.group("level") or "", line.strip()[prefix.end() :]
+    """(level, text) of one log line, without the prefixes ``vllm_log`` reads."""
+    line = parse(raw)
+    return line.level, line.message
 
 
 def _exception_blocks(entries: list[tuple[str, str]]) -> list[tuple[int, list[str]]]:

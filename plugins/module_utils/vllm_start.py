@@ -39,19 +39,19 @@ across actors, a ``[repeated Nx across cluster]`` suffix); each rank is told apa
 
 from __future__ import annotations
 
-import calendar
 import re
-import time
 
 try:
     from ansible_collections.dgx_spark.cluster.plugins.module_utils.setting_ranges import (
         range_errors,
         whole,
     )
+    from ansible_collections.dgx_spark.cluster.plugins.module_utils.vllm_log import parse
 except ImportError:
     # Outside Ansible: the watchdog's directory on the head, where vllm_serve/tasks/watchdog.yml
-    # installs this file and setting_ranges.py side by side.
+    # installs this file, setting_ranges.py and vllm_log.py side by side.
     from setting_ranges import range_errors, whole
+    from vllm_log import parse
 
 PHASES = ("starting", "peers", "weights", "compile", "kv_cache", "server", "serving")
 PHASE_LABELS = {
@@ -64,19 +64,6 @@ PHASE_LABELS = {
     "serving": "serving",
 }
 
-# ``docker logs --timestamps``: RFC 3339 with nanoseconds, then one space.
-_DOCKER_TS = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d+)?Z ")
-# "(RayWorkerWrapper pid=312, ip=10.0.0.2) ", "(APIServer pid=1) ", "(EngineCore pid=93) ".
-_SOURCE = re.compile(r"^\((?P<who>[A-Za-z][\w-]*) pid=(?P<pid>\d+)(?:, ip=(?P<ip>[^)\s]+))?\)\s*")
-# Ray colours the prefix of the lines it forwards from an actor: "\x1b[36m(RayWorkerProc
-# pid=214, ip=172.30.241.12)\x1b[0m (Worker_TP1 pid=214) INFO ...".
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
-_REPEATED = re.compile(r"\s*\[repeated \d+x across cluster\]\s*$")
-# vLLM's logger: "INFO 11-30 06:07:38 [file.py:347] ".
-# uvicorn's: "INFO:     ".
-_LEVEL = re.compile(
-    r"^(?:(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d [\d:.]+ \[[^\]]*\]|(?:INFO|WARNING):)\s*"
-)
 # tqdm with vLLM's bar format: "<desc>: <pct>% Completed | k/n [elapsed<remaining, rate]";
 # plain tqdm (CUDA graphs): "<desc>: <pct>%|<bar>| k/n [elapsed<remaining, rate]".
 _BAR = re.compile(
@@ -113,41 +100,15 @@ _LINES: tuple[tuple[str, re.Pattern, bool], ...] = tuple(
 )
 
 
-def docker_time(stamp: str) -> float:
-    """Seconds since the epoch of a Docker log timestamp (``2026-11-30T06:07:38.123Z``)."""
-    match = _DOCKER_TS.match(stamp.strip() + " ")
-    if not match:
-        raise ValueError(f"not a Docker log timestamp: {stamp!r}")
-    whole = calendar.timegm(time.strptime(match.group(1), "%Y-%m-%dT%H:%M:%S"))
-    return whole + float(match.group(2) or 0.0)
-
-
 def split_line(raw: str) -> tuple[float | None, str, str]:
     """(Docker's timestamp or None, the rank that said it, vLLM's message) of one log line.
 
     The rank is the Ray actor's address (``RayWorkerWrapper@10.0.0.2``), vLLM's process
-    (``EngineCore``) or '' for lines without a prefix (tqdm bars of a single process).
+    (``EngineCore``) or '' for lines without a prefix (tqdm bars of a single process); the
+    grammar is ``vllm_log``'s.
     """
-    line = raw.rstrip("\r\n")
-    stamp = None
-    match = _DOCKER_TS.match(line)
-    if match:
-        stamp = docker_time(match.group(0))
-        line = line[match.end() :]
-    # tqdm redraws with carriage returns: the last drawing is what the line says.
-    line = _ANSI.sub("", line.rsplit("\r", 1)[-1])
-    # vLLM prefixes its processes' lines; Ray's forwarded actor lines come inside the
-    # engine's: the innermost prefix is the rank's.
-    # Only Ray's outer prefix names the node (ip=) of a rank on another node; it is kept.
-    who, ip = "", ""
-    match = _SOURCE.match(line)
-    while match:
-        who, ip = match.group("who"), match.group("ip") or ip
-        line = line[match.end() :]
-        match = _SOURCE.match(line)
-    source = f"{who}@{ip}" if ip else who
-    line = _LEVEL.sub("", line, count=1)
-    return stamp, source, _REPEATED.sub("", line).strip()
+    line = parse(raw)
+    return line.stamp, line.source, line.message.strip()
 
 
 def classify(message: str) -> dict | None:

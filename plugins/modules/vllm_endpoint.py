@@ -129,7 +129,7 @@ from ansible.module_utils.urls import open_url  # noqa: E402
 from ansible_collections.dgx_spark.cluster.plugins.module_utils import (  # noqa: E402
     vllm_client,
     vllm_health,
-    vllm_start,
+    vllm_log,
 )
 
 try:
@@ -183,7 +183,7 @@ def _log_excerpt(client, names: list[str]) -> str:
 def _run_start(state: dict) -> int:
     """The whole second the container's current run started (0 when Docker does not say)."""
     try:
-        return max(int(vllm_start.docker_time(state.get("started_at") or "")), 0)
+        return max(int(vllm_log.docker_time(state.get("started_at") or "")), 0)
     except ValueError:
         return 0
 

@@ -273,7 +273,14 @@ def test_the_script_starts_from_what_the_role_installs(tmp_path):
 
 @pytest.mark.parametrize(
     "left_out",
-    ["vllm_start.py", "setting_ranges.py", "vllm_client.py", "vllm_health.py", "vllm_metrics.py"],
+    [
+        "vllm_start.py",
+        "setting_ranges.py",
+        "vllm_log.py",
+        "vllm_client.py",
+        "vllm_health.py",
+        "vllm_metrics.py",
+    ],
 )
 def test_without_any_installed_module_the_script_does_not_start(tmp_path, left_out):
     """Each file watchdog.yml installs is needed: the test above fails when one is left out."""

@@ -191,11 +191,6 @@ def test_split_line_keeps_the_last_drawing_of_a_tqdm_line():
     assert "1/2" in message
 
 
-def test_docker_time_refuses_other_text():
-    with pytest.raises(ValueError, match="not a Docker log timestamp"):
-        vllm_start.docker_time("12-01 10:00:01")
-
-
 @pytest.mark.parametrize(
     ("now", "last", "expected"),
     [
