@@ -63,7 +63,9 @@ def module_util(name: str):
     return module
 
 
-# The modules' and the watchdog's client of the endpoint; it imports vllm_health by its name.
+# The modules' and the watchdog's client of the endpoint; it imports vllm_health (which imports
+# vllm_log) by its name.
+module_util("vllm_log")
 module_util("vllm_health")
 vllm_client = module_util("vllm_client")
 
