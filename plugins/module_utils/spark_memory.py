@@ -28,6 +28,7 @@ Pure standard library, no Ansible imports. /proc/meminfo text may start with ``#
 
 from __future__ import annotations
 
+import json
 import math
 import re
 
@@ -223,3 +224,86 @@ def check_cma(meminfo: str, host: str = "") -> dict:
         f"die at start. {KHO_FIX}"
     )
     return {**result, "passed": False, "message": message}
+
+
+# --------------------------------------------------------------------------- page cache
+
+# How vLLM's start-up memory accounting reads the free memory of a GB10 (read in the published
+# source archives of each release, vllm/utils/__init__.py or vllm/utils/mem_utils.py,
+# MemorySnapshot.measure):
+# * up to 0.11.0 it is torch.cuda.mem_get_info(), which on an integrated GPU is the kernel's
+#   MemFree: the page cache the weights' load fills counts as memory in use. The profile
+#   then books it as non-torch memory the ranks took, and the KV cache budget
+#   (requested - weights - activations - non-torch) shrinks by it, down to negative; public
+#   reports: github.com/vllm-project/vllm/issues/35313, .../issues/48140.
+# * from 0.11.1 on, compute capabilities 8.7, 11.0 and 12.1 (Orin, Thor, Spark) read
+#   psutil's available memory (MemAvailable) instead, which counts the page cache as free;
+#   github.com/vllm-project/vllm/pull/35356 later keys it on the device's is_integrated
+#   property. Verified on 0.11.0 (absent) and 0.11.1, 0.12.0, 0.13.0, 0.14.1, 0.17.0, 0.32.0
+#   (present); the pull request that first added it is not identified here.
+# A pre-release or development build of 0.11.1 itself may predate the change, so it counts
+# as older; so does any version that does not parse.
+PAGE_CACHE_AS_FREE_SINCE = (0, 11, 1)
+PAGE_CACHE_DROP_MODES = ("auto", "always", "never")
+
+# The subset of PEP 440 vLLM's builds use: 0.14.1, v0.14.1, 0.17.1rc1, 0.11.1.post1,
+# 0.1.dev16260+g388fd5153, 0.32.0+cpu. Anything else is "not a version" here.
+_PEP440 = re.compile(
+    r"^v?(?P<release>\d+(?:\.\d+)*)(?P<pre>(?:a|b|rc)\d+)?(?P<post>\.post\d+)?"
+    r"(?P<dev>\.dev\d+)?(?:\+[a-z0-9]+(?:[._][a-z0-9]+)*)?$",
+    re.IGNORECASE,
+)
+
+
+def _release_of(version) -> tuple[tuple[int, ...], bool] | None:
+    """(release numbers, is a pre-release or development build) of ``version``, or None."""
+    match = _PEP440.match(str(version).strip()) if isinstance(version, str) else None
+    if not match:
+        return None
+    release = tuple(int(part) for part in match.group("release").split("."))
+    return release, bool(match.group("pre") or match.group("dev"))
+
+
+def _padded(release: tuple[int, ...], width: int) -> tuple[int, ...]:
+    return release + (0,) * (width - len(release))
+
+
+def page_cache_drop_during_load(vllm_version, mode: str = "auto") -> tuple[bool, str]:
+    """Whether each node's page cache is dropped while the ranks load their weights, and why.
+
+    ``vllm_version`` is the serving image's vLLM version as its package metadata says it
+    (``vllm_registry_info``'s ``versions.vllm``); ``mode`` is vllm_serve_drop_page_cache.
+    ``auto`` drops for the versions that count the page cache as used memory and for any
+    version that cannot be read (the drop costs little; a negative KV budget stops the start).
+    """
+    if mode not in PAGE_CACHE_DROP_MODES:
+        raise ValueError(page_cache_setting_errors(mode)[0])
+    if mode == "always":
+        return True, "vllm_serve_drop_page_cache is always"
+    if mode == "never":
+        return False, "vllm_serve_drop_page_cache is never"
+    since = ".".join(map(str, PAGE_CACHE_AS_FREE_SINCE))
+    parsed = _release_of(vllm_version)
+    if parsed is None:
+        shown = "unknown" if vllm_version in (None, "") else repr(vllm_version)
+        return True, (
+            f"the serving image's vLLM version is {shown}: dropped, as for a vLLM before "
+            f"{since}, whose memory check counts the page cache as used"
+        )
+    release, early = parsed
+    width = max(len(release), len(PAGE_CACHE_AS_FREE_SINCE))
+    mine, boundary = _padded(release, width), _padded(PAGE_CACHE_AS_FREE_SINCE, width)
+    if mine < boundary or (mine == boundary and early):
+        return True, (
+            f"vLLM {vllm_version} counts the page cache as used memory (vLLM reads "
+            f"MemAvailable on GB10 from {since} on)"
+        )
+    return False, f"vLLM {vllm_version} reads MemAvailable on GB10: the page cache counts as free"
+
+
+def page_cache_setting_errors(mode) -> list[str]:
+    """vllm_serve_drop_page_cache's own check; the message names the variable."""
+    if mode in PAGE_CACHE_DROP_MODES:
+        return []
+    shown = json.dumps(mode, default=str)
+    return [f"vllm_serve_drop_page_cache is {shown}; allowed: {', '.join(PAGE_CACHE_DROP_MODES)}"]

