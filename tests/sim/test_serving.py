@@ -199,7 +199,7 @@ def test_what_the_images_vllm_refuses_touches_no_container(deployed, hosts, node
     configurations = {name: sh(host, listing) for name, host in hosts.items()}
     extra = json.dumps({"vllm_serve_reasoning_parser": "no_such_reasoner",
                         "vllm_serve_extra_args": SERVE["vllm_serve_extra_args"]
-                        + ["--max-num-seqs", "abc"]})  # fmt: skip
+                        + ["--seed", "abc"]})  # fmt: skip
     # Either key: after the rollback test the pair serves with the rotated one.
     with Client(nodes, [KEY, ROTATED]) as client:
         run = serve("-e", extra)
@@ -209,7 +209,7 @@ def test_what_the_images_vllm_refuses_touches_no_container(deployed, hosts, node
     # Both refusals in one message, each naming its setting and quoting vLLM.
     assert "vllm_serve_reasoning_parser (--reasoning-parser): vLLM 0.32.0" in message, message
     assert "has no reasoning parser 'no_such_reasoner'" in message, message
-    quoted = "vllm_serve_extra_args (--max-num-seqs): argument --max-num-seqs: invalid int value"
+    quoted = "vllm_serve_extra_args (--seed): argument --seed: invalid int value"
     assert f"{quoted}: 'abc'" in message, message
     ran = {name for name, _h, r in run.results() if not r.get("skipped")}
     assert "Stop the running ranks" not in ran and "Pause the watchdogs" not in ran
