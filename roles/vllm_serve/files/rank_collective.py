@@ -63,6 +63,32 @@ def loaded_nccl() -> str:
     return ""
 
 
+def expected_sum(world: int) -> float:
+    """What every element holds after the all_reduce: rank r contributes r + 1."""
+    return float(world * (world + 1) // 2)
+
+
+def value_check(rank: int, world: int, wrong: int, got: float | None = None) -> dict:
+    """The verdict on this rank's buffer after the first all_reduce.
+
+    ``wrong`` is how many elements differ from :func:`expected_sum` (counted by torch),
+    ``got`` the first such element's value (None when all are right). The message names the
+    rank, the sum it read and the sum it should have read; it is empty when all are right.
+    """
+    expected = expected_sum(world)
+    if wrong <= 0:
+        return {"expected": expected, "wrong": 0, "got": None, "message": ""}
+    return {
+        "expected": expected,
+        "wrong": int(wrong),
+        "got": got,
+        "message": (
+            f"rank {rank} of {world}: {int(wrong)} values after the all_reduce read "
+            f"{got if got is not None else 'another sum'} instead of {expected:g}"
+        ),
+    }
+
+
 def main(argv=None) -> int:
     args = arguments(argv)
     started = time.monotonic()
@@ -92,7 +118,7 @@ def main(argv=None) -> int:
     world = dist.get_world_size()
     count = args.size_mib * (1 << 20) // 4
     data = torch.full((count,), float(args.rank + 1), dtype=torch.float32, device=device)
-    expected = float(sum(range(1, world + 1)))
+    expected = expected_sum(world)
 
     def sync():
         if backend == "nccl":
@@ -101,7 +127,10 @@ def main(argv=None) -> int:
     # The first all_reduce creates the communicator (NCCL's init and network choice).
     dist.all_reduce(data)
     sync()
-    wrong = int((data != expected).sum().item())
+    mismatched = data != expected
+    wrong = int(mismatched.sum().item())
+    first_wrong = float(data[mismatched][0].item()) if wrong else None
+    verdict = value_check(args.rank, world, wrong, first_wrong)
     dist.barrier()
     begin = time.perf_counter()
     for _step in range(args.iters):
@@ -131,7 +160,8 @@ def main(argv=None) -> int:
         "time_us": round(elapsed * 1e6, 1),
         "algbw_gbps": round(algbw, 3),
         "busbw_gbps": round(algbw * 2 * (world - 1) / world, 3),
-        "wrong": wrong,
+        "wrong": verdict["wrong"],
+        "wrong_message": verdict["message"],
         "elapsed_s": round(time.monotonic() - started, 2),
     }
     dist.destroy_process_group()
