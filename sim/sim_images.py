@@ -343,6 +343,18 @@ def tiny_model_inputs() -> str:
     return digest(SIM / "models", donor)
 
 
+def tiny_model_command(out: Path, env: tuple[str, ...] = ()) -> list[str]:
+    """docker run of make_tiny_model.py in the donor image, writing the model to ``out`` (its
+    parent is mounted); ``env`` adds NAME=VALUE settings (the determinism test varies them)."""
+    return [
+        sim_common.DOCKER, "run", "--rm", "--label", f"{LABEL}=job", "--network", "none",
+        "--user", f"{os.getuid()}:{os.getgid()}", "-e", "HOME=/tmp",
+        *(arg for item in env for arg in ("-e", item)),
+        "-v", f"{out.parent}:/out", "-v", f"{SIM / 'models'}:/models:ro",
+        "--entrypoint", "python", DONOR_IMAGE, "/models/make_tiny_model.py", f"/out/{out.name}",
+    ]  # fmt: skip
+
+
 def start_tiny_model() -> ModelJob | None:
     """Train and write the tiny model in the background (one core for a minute or two, while
     the cluster image is built and the images load into the nodes); None when the one in .sim
@@ -355,13 +367,7 @@ def start_tiny_model() -> ModelJob | None:
     shutil.rmtree(TINY_MODEL, ignore_errors=True)
     TINY_MODEL.parent.mkdir(parents=True, exist_ok=True)
     log("tiny model: training its weights in the donor image")
-    cmd = [
-        sim_common.DOCKER, "run", "--rm", "--label", f"{LABEL}=job", "--network", "none",
-        "--user", f"{os.getuid()}:{os.getgid()}", "-e", "HOME=/tmp",
-        "-v", f"{TINY_MODEL.parent}:/out", "-v", f"{SIM / 'models'}:/models:ro",
-        "--entrypoint", "python", DONOR_IMAGE, "/models/make_tiny_model.py",
-        f"/out/{TINY_MODEL.name}",
-    ]  # fmt: skip
+    cmd = tiny_model_command(TINY_MODEL)
     proc = subprocess.Popen(cmd, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     return ModelJob(proc, inputs, time.monotonic())
 
