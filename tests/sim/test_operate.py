@@ -9,13 +9,14 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import tarfile
 import time
 from pathlib import Path
 
 import pytest
 import yaml
-from conftest import PlaybookRun, drills, run_playbook
+from conftest import PlaybookRun, drills, node_image_id, run_playbook
 
 ROOT = Path(__file__).resolve().parents[2]
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -67,15 +68,22 @@ def _completes(url: str) -> bool:
     return drills.endpoint(url, _secret(), timeout=30).complete("tiny-qwen3-moe", "Hi").ok
 
 
-def test_status_reports_a_healthy_pair(serving, tmp_path):
+def test_status_reports_a_healthy_pair(serving, deployed_pair, tmp_path):
     run, report = status(tmp_path, "healthy")
     assert run.rc == 0, run.stdout[-3000:]
     assert report["healthy"], report["problems"]
     cluster = report["cluster"]
     assert cluster["backend"] == serving
-    # Same image on every node: one ID, or (each node built its own) the same build inputs.
-    assert cluster["image_ids_match"] or cluster["image_builds_match"]
-    assert all(n["image_id"].startswith("sha256:") for n in report["nodes"].values())
+    # Same image on every node: the sim's nodes each build their own (hybrid_image_mode
+    # each_node), so two IDs under one build tag (<name>:<input digest>) the alias also names.
+    ids = {name: n["image_id"] for name, n in report["nodes"].items()}
+    assert all(i.startswith("sha256:") for i in ids.values()), ids
+    assert len(set(ids.values())) == len(ids) == 2, ids
+    assert cluster["image_ids_match"] is False and cluster["image_builds_match"] is True
+    build = cluster["image_build"]
+    assert re.fullmatch(r"[^:,]+:[0-9a-f]{12}", build), build
+    for node in deployed_pair:
+        assert node_image_id(node, build) == ids[node.name], (node.name, build)
     assert cluster["health"]["ok"] and cluster["completion"]["latency_ms"] > 0
     assert cluster["model"]["id"] == "tiny-qwen3-moe"
     assert cluster["ray"]["alive_nodes"] == 2 and cluster["ray"]["gpus_total"] == 2
