@@ -38,6 +38,17 @@ STATUS_MISSING = "missing"
 STATUS_IMPORT_ERROR = "import_error"
 
 VERSION_PACKAGES = ("vllm", "transformers", "torch", "ray")
+# What an image report (``"report": true`` in the request) reads besides: distributions whose
+# versions it names, the Debian packages of its system libraries, and the libraries' files.
+REPORT_DISTRIBUTIONS = (
+    "flashinfer-python",
+    "flashinfer",
+    "fastsafetensors",
+    "nvidia-nccl-cu13",
+    "nvidia-nccl-cu12",
+)
+REPORT_DPKG_PACKAGES = ("libibverbs1", "ibverbs-providers", "rdma-core", "libnccl2")
+REPORT_LIBRARIES = ("libnccl.so", "libibverbs.so")
 
 # Runs inside the image, under whatever Python it has: standard library only, and no
 # import of vllm unless the request carries an "import" list. sys.argv[1] is the JSON
@@ -58,6 +69,9 @@ MARKER = __MARKER__
 MODEL_DIRS = __MODEL_DIRS__
 REGISTRY = MODEL_DIRS[0] + "/registry.py"
 PACKAGES = __PACKAGES__
+REPORT_DISTRIBUTIONS = __REPORT_DISTRIBUTIONS__
+REPORT_DPKG = __REPORT_DPKG__
+REPORT_LIBRARIES = __REPORT_LIBRARIES__
 REQUEST = json.loads(sys.argv[1]) if len(sys.argv) > 1 else {}
 
 
@@ -148,6 +162,56 @@ for name in REQUEST.get("modules") or []:
 if REQUEST.get("modules") is not None:
     doc["modules"] = modules
 
+if REQUEST.get("report"):
+    found = {"distributions": dict((name, version(name)) for name in REPORT_DISTRIBUTIONS)}
+    try:
+        import torch
+    except BaseException as exc:
+        found["torch_error"] = describe(exc)
+    else:
+        found["torch_cuda"] = getattr(getattr(torch, "version", None), "cuda", None)
+        try:
+            nccl = torch.cuda.nccl.version()
+            if isinstance(nccl, tuple):  # (2, 28, 9), or with a suffix such as "+cuda13.0"
+                nccl = ".".join(map(str, nccl[:3])) + "".join(map(str, nccl[3:]))
+            found["torch_nccl"] = str(nccl)
+        except BaseException as exc:
+            found["torch_nccl_error"] = describe(exc)
+    dirs = ["/usr/lib", "/usr/local/lib", "/lib"]
+    for parent in ("/usr/lib", "/lib"):
+        try:
+            dirs += [os.path.join(parent, d) for d in sorted(os.listdir(parent)) if "-linux-" in d]
+        except OSError:
+            pass
+    for entry in doc["sys_path"]:
+        try:
+            wheels = sorted(os.listdir(os.path.join(entry, "nvidia")))
+        except OSError:
+            continue
+        dirs += [os.path.join(entry, "nvidia", d, "lib") for d in wheels if d.startswith("nccl")]
+    files = {}
+    for folder in dirs:
+        try:
+            names = sorted(os.listdir(folder))
+        except OSError:
+            continue
+        for name in names:
+            if name.startswith(REPORT_LIBRARIES):
+                path = os.path.join(folder, name)
+                files[path] = os.path.realpath(path)
+    found["library_files"] = files
+    stanzas = []
+    try:
+        with open("/var/lib/dpkg/status", encoding="utf-8", errors="replace") as handle:
+            for stanza in handle.read().split("\n\n"):
+                first = stanza.strip().split("\n", 1)[0]
+                if first.startswith("Package: ") and first[9:].split(":")[0] in REPORT_DPKG:
+                    stanzas.append(stanza.strip())
+    except OSError as exc:
+        found["dpkg_error"] = describe(exc)
+    found["dpkg"] = stanzas
+    doc["report"] = found
+
 wanted = REQUEST.get("import")
 if wanted is not None and doc["vllm_path"]:
     results = {}
@@ -178,6 +242,9 @@ PROBE_SOURCE = (
     _PROBE_TEMPLATE.replace("__MARKER__", repr(PROBE_MARKER))
     .replace("__MODEL_DIRS__", repr(MODEL_DIRS))
     .replace("__PACKAGES__", repr(VERSION_PACKAGES))
+    .replace("__REPORT_DISTRIBUTIONS__", repr(REPORT_DISTRIBUTIONS))
+    .replace("__REPORT_DPKG__", repr(REPORT_DPKG_PACKAGES))
+    .replace("__REPORT_LIBRARIES__", repr(REPORT_LIBRARIES))
 )
 
 
@@ -215,9 +282,12 @@ def python_candidates(image_env: list[str] | None, python: str | None = None) ->
     return found
 
 
-def probe_request(mode: str, architectures: list[str], modules: list[str] | None = None) -> str:
+def probe_request(
+    mode: str, architectures: list[str], modules: list[str] | None = None, report: bool = False
+) -> str:
     """The JSON argument for ``PROBE_SOURCE``: architectures are imported only in ``import``
-    mode; ``modules`` (top-level modules, e.g. ``ray``) are imported in either mode."""
+    mode; ``modules`` (top-level modules, e.g. ``ray``) are imported in either mode; ``report``
+    also imports torch (its CUDA and NCCL) and lists the NCCL and libibverbs the image holds."""
     if mode not in ("static", "import"):
         raise ValueError(f"unknown mode {mode!r}")
     request: dict[str, object] = {}
@@ -225,6 +295,8 @@ def probe_request(mode: str, architectures: list[str], modules: list[str] | None
         request["import"] = list(architectures)
     if modules:
         request["modules"] = list(modules)
+    if report:
+        request["report"] = True
     return json.dumps(request, sort_keys=True)
 
 

@@ -77,6 +77,19 @@ options:
         RV(registry_source) (for a transplant, which patches it).
     type: bool
     default: false
+  report:
+    description:
+      - Also return RV(report), what the image holds (vLLM, torch, CUDA, NCCL, Ray, flashinfer,
+        fastsafetensors, libibverbs, the registry's architectures). The probe then imports
+        torch, to read its CUDA and NCCL.
+    type: bool
+    default: false
+  comm_env_file:
+    description:
+      - With O(report), the node's communication environment (host_prep's comm.env). Where it
+        puts NCCL on the RoCE path and the image has no libibverbs, RV(refusals) says so.
+      - A file that does not exist judges nothing.
+    type: path
 notes:
   - The probe container runs as the image's user, without GPUs and without a network;
     in O(mode=import) a module that needs a GPU at import time reports an import error.
@@ -251,6 +264,32 @@ registry_source:
   description: The text of the image's vLLM model registry file.
   returned: when O(registry_source=true)
   type: str
+report:
+  description:
+    - What the image holds; an item it lacks is null and listed in C(absent).
+    - C(nccl) is C(version) and C(source) (torch's own answer, else the pip wheel, a libnccl
+      file or the Debian package); C(libibverbs) likewise (the Debian package, else a file).
+    - C(architectures) lists the registry's architectures; C(wanted) the status of each of
+      O(architectures).
+  returned: when O(report=true)
+  type: dict
+  sample:
+    format: 1
+    image: dgx-spark/vllm-serving:current
+    vllm: 0.32.0+cpu
+    torch: 2.13.0+cpu
+    cuda: null
+    nccl: null
+    ray: 2.60.0
+    flashinfer: null
+    fastsafetensors: null
+    libibverbs: null
+    absent: [cuda, nccl, flashinfer, fastsafetensors, libibverbs]
+refusals:
+  description: Why the image cannot serve on this node (one message each); empty when it can.
+  returned: when O(report=true)
+  type: list
+  elements: str
 table:
   description: A plain-text table of RV(checked) with the image's versions, for people.
   returned: always
@@ -307,6 +346,11 @@ import socket  # noqa: E402
 import traceback  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule, env_fallback, missing_required_lib  # noqa: E402
+from ansible_collections.dgx_spark.cluster.plugins.module_utils.image_report import (  # noqa: E402
+    build_report,
+    parse_env_file,
+    refusals,
+)
 from ansible_collections.dgx_spark.cluster.plugins.module_utils.image_run import (  # noqa: E402
     ImageRunError as InspectError,
 )
@@ -400,7 +444,26 @@ def image_result(params: dict, node: str, image_id: str, doc: dict, info: dict) 
         result["registry_source"] = info["registry_text"]
     if doc.get("registry_import_error"):
         result["registry_import_error"] = doc["registry_import_error"]
+    if params["report"]:
+        result["report"] = build_report(
+            doc, list(info["architectures"]), result["checked"], params["image"], image_id
+        )
+        result["refusals"] = refusals(result["report"], read_env_file(params), node)
     return result
+
+
+def read_env_file(params: dict) -> dict | None:
+    """The node's comm.env as a dict, or None where there is none to judge against."""
+    path = params["comm_env_file"]
+    if not path:
+        return None
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return parse_env_file(handle.read())
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise InspectError(f"cannot read {path}: {exc}") from exc
 
 
 def compare_with(client, node: str, params: dict, info: dict) -> dict:
@@ -423,7 +486,9 @@ def run_module(module: AnsibleModule, node: str) -> dict:
     params = module.params
     client = connect(params["docker_host"], node)
     try:
-        request = probe_request(params["mode"], params["architectures"], params["modules"])
+        request = probe_request(
+            params["mode"], params["architectures"], params["modules"], params["report"]
+        )
         image_id, doc, info = read_image(client, node, params["image"], params, request)
         result = image_result(params, node, image_id, doc, info)
         comparison = None
@@ -466,6 +531,8 @@ def main() -> None:
             },
             "modules": {"type": "list", "elements": "str", "default": []},
             "registry_source": {"type": "bool", "default": False},
+            "report": {"type": "bool", "default": False},
+            "comm_env_file": {"type": "path"},
             "timeout": {"type": "int", "default": 300},
         },
         supports_check_mode=True,

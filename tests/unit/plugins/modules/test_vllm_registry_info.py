@@ -391,3 +391,30 @@ def test_platform_modules_and_registry_source(client, capsys):
     assert out["registry_source"] == REGISTRY
     _code, plain = run({"image": IMAGE}, capsys)
     assert "modules" not in plain and "registry_source" not in plain
+
+
+def test_report_and_its_refusal_on_the_roce_path(client, capsys, tmp_path):
+    comm_env = tmp_path / "comm.env"
+    comm_env.write_text("NCCL_IB_HCA=rocep1s0f0,roceP2p1s0f0\nNCCL_IB_DISABLE=0\n")
+    args = {"image": IMAGE, "architectures": ["Qwen3_5MoeForConditionalGeneration"]}
+    code, out = run({**args, "report": True, "comm_env_file": str(comm_env)}, capsys)
+    assert code == 0, out
+    report = out["report"]
+    assert report["vllm"] == "0.32.0" and report["image"] == IMAGE
+    assert report["image_id"] == client.images.get(IMAGE).id
+    assert report["wanted"] == {"Qwen3_5MoeForConditionalGeneration": "present"}
+    assert report["architectures"] == ["Qwen3MoeForCausalLM", "Qwen3_5MoeForConditionalGeneration"]
+    # The fake image is this machine's file system: its libibverbs decides.
+    if report["libibverbs"] is None:
+        (refusal,) = out["refusals"]
+        assert refusal.startswith(f"{NODE}: the serving image {IMAGE} has no libibverbs")
+    else:
+        assert out["refusals"] == []
+    # Sockets only, or no comm.env: nothing to refuse.
+    comm_env.write_text("NCCL_IB_DISABLE=1\n")
+    _code, sockets = run({**args, "report": True, "comm_env_file": str(comm_env)}, capsys)
+    assert sockets["refusals"] == []
+    _code, missing = run({**args, "report": True, "comm_env_file": str(tmp_path / "no")}, capsys)
+    assert missing["refusals"] == []
+    _code, plain = run(args, capsys)
+    assert "report" not in plain and "refusals" not in plain
