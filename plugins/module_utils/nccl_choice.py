@@ -150,3 +150,48 @@ def choose(image_version, host_versions: dict, mode: str = "auto") -> dict:
         "60-minute soak clean where the pip wheel's 2.28.9 wedged) or spark_nccl_library: image. "
         f"Sources: {' '.join(SOURCES)}",
     )  # fmt: skip
+
+
+def choose_pair(image_versions: dict, host_versions: dict, mode: str = "auto") -> dict:
+    """:func:`choose` for the pair, from what preflight read on every node.
+
+    ``image_versions``: node -> what the serving image's probe printed there (None where the
+    image is not on that node yet: the images stage builds it after preflight). ``host_versions``
+    as for :func:`choose`.
+
+    Adds ``pending`` to the result: True where ``auto`` has no image to weigh because a node
+    lacks it; then ``library`` is None and the run goes on (the choice is made where the image
+    is). Where the nodes' images report different NCCL versions, ``auto`` refuses and an
+    explicit ``image`` goes on with a warning.
+    """
+    absent = sorted(str(node) for node, v in (image_versions or {}).items() if v is None)
+    known = {str(node): version_tuple(v) for node, v in (image_versions or {}).items()
+             if v is not None}  # fmt: skip
+    if mode == "auto" and (absent or not known):
+        where = ", ".join(absent) or "any node"
+        return {
+            "passed": True, "pending": True, "library": None, "warnings": [],
+            "image": "not built", "hosts": {n: _shown(version_tuple(v))
+                                            for n, v in sorted((host_versions or {}).items())},
+            "message": (
+                f"spark_nccl_library: auto cannot weigh the serving image's NCCL yet: the image is "
+                f"not on {where} (the images stage builds it); the choice is made once it is"
+            ),
+        }  # fmt: skip
+    versions = set(known.values())
+    image = next(iter(versions)) if len(versions) == 1 else None
+    result = choose(_shown(image) if image else None, host_versions, mode)
+    if len(versions) > 1:
+        differ = "the serving image's NCCL differs between the nodes (" + ", ".join(
+            f"{node}'s {_shown(v)}" for node, v in sorted(known.items())
+        ) + ")"  # fmt: skip
+        if mode == "auto":
+            message = (
+                f"spark_nccl_library: auto refuses to start the ranks: {differ}; rebuild the "
+                "image (playbooks/images.yml) so every node holds the same one, or choose "
+                "spark_nccl_library: image or host"
+            )
+            result = {**result, "passed": False, "library": None, "message": message}
+        else:
+            result = {**result, "warnings": [*result["warnings"], differ]}
+    return {**result, "pending": False}

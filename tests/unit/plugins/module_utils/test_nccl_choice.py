@@ -131,3 +131,41 @@ def test_host_is_refused_on_a_node_without_libnccl():
 def test_an_unknown_mode_is_an_error():
     with pytest.raises(ValueError, match="one of auto, image, host"):
         nc.choose("2.28.9", hosts("2.30.7", "2.30.7"), "newest")
+
+
+def test_pair_auto_waits_while_a_node_lacks_the_serving_image():
+    # On a first deploy preflight runs before the images stage builds the serving image.
+    result = nc.choose_pair({"spark-1": "2.28.9", "spark-2": None}, hosts("2.30.7", "2.30.7"))
+    assert result["passed"] and result["pending"] and result["library"] is None
+    assert "the image is not on spark-2 (the images stage builds it)" in result["message"]
+    assert result["hosts"] == {"spark-1": "2.30.7", "spark-2": "2.30.7"}
+
+
+def test_pair_explicit_choice_does_not_wait_for_the_image():
+    result = nc.choose_pair({"spark-1": None, "spark-2": None}, hosts("2.28.9", "2.28.9"), "host")
+    assert result["passed"] and not result["pending"] and result["library"] == "host"
+
+
+@pytest.mark.parametrize(
+    ("image", "nodes", "library"),
+    [
+        ("2.28.9 from /usr/local/lib/python3.12/dist-packages/nvidia/nccl/lib/libnccl.so.2",
+         hosts("2.30.7", "2.30.7"), "host"),
+        ("2.30.7", hosts("2.28.9", "2.28.9"), "image"),
+        ("2.28.9", hosts("2.28.9", "2.28.9"), None),
+    ],
+)  # fmt: skip
+def test_pair_decides_as_choose_when_every_node_reports_the_same_image(image, nodes, library):
+    result = nc.choose_pair({"spark-1": image, "spark-2": image}, nodes)
+    assert result["library"] == library and result["passed"] is (library is not None)
+    assert result["pending"] is False
+
+
+def test_pair_auto_refuses_images_that_differ_between_nodes():
+    images = {"spark-1": "2.28.9", "spark-2": "2.30.7"}
+    result = nc.choose_pair(images, hosts("2.30.7", "2.30.7"))
+    assert not result["passed"] and result["library"] is None
+    assert "differs between the nodes (spark-1's 2.28.9, spark-2's 2.30.7)" in result["message"]
+    explicit = nc.choose_pair(images, hosts("2.30.7", "2.30.7"), "image")
+    assert explicit["passed"] and explicit["library"] == "image"
+    assert explicit["warnings"][-1].startswith("the serving image's NCCL differs between the nodes")
