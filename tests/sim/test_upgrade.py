@@ -45,6 +45,21 @@ def containers(node) -> dict[str, dict]:
     return out
 
 
+GENERATION = "dgx_spark.cluster.generation"
+
+
+def all_containers(node) -> set[str]:
+    """The names of every container on a node, running or not."""
+    got = on_node(node, "docker", "ps", "--all", "--format", "{{.Names}}")
+    return set(got.stdout.split())
+
+
+def label(node, container: str, name: str) -> str:
+    form = '{{index .Config.Labels "' + name + '"}}'
+    got = on_node(node, "docker", "inspect", "--format", form, container, check=False)
+    return got.stdout.strip() if got.returncode == 0 else ""
+
+
 def in_step_report(run) -> str:
     said = [r.get("msg", "") for name, _h, r in run.results() if name == "Report it"]
     assert said, run.raw[-3000:]
@@ -144,6 +159,10 @@ def test_an_image_rebuild_reaches_every_rank(upgrade, nodes):
 @pytest.mark.drill
 def test_a_new_image_that_does_not_serve_is_rolled_back_as_a_whole(upgrade, nodes):
     serving = {n.name: node_image_id(n, ALIAS) for n in nodes}
+    names = {n.name: all_containers(n) for n in nodes}
+    ranks = {n.name: set(containers(n)) for n in nodes}
+    generation = label(nodes[0], "dgx-spark-vllm", GENERATION)
+    assert generation, "the driver carries no generation label"
     # The donor's vLLM imports, parses the command line and lists its models; only its
     # engine fails to start: it loads no platform plugin (VLLM_PLUGINS names none it has), so
     # the CPU platform it falls back to has no Ray resource for the ranks.
@@ -161,12 +180,22 @@ def test_a_new_image_that_does_not_serve_is_rolled_back_as_a_whole(upgrade, node
     assert run.rc != 0
     message = "\n".join(run.failures())
     assert f"did not serve on {ALIAS} ({short(broken['spark-1'])})" in message, message
-    assert "does not support ray" in message or "Error" in message, message
+    # The engine's own refusal (vllm/v1/executor/ray_utils.py in the donor's vLLM 0.32.0):
+    # without the sim's platform plugin the CPU platform has no Ray device key.
+    assert "ValueError: current platform cpu does not support ray" in message, message
     assert f"Rolled back: the previous containers serve again on {PREVIOUS}" in message, message
+    # The state, not only the words: every rank-holding container runs the image that served
+    # before (the alias still names the one that failed), the same containers by name and no
+    # other (the failed ones are gone, the kept one has its name back), and the driver is the
+    # previous configuration (its generation), answering the inventory's key.
     for node in nodes:
         now = containers(node)
-        assert now and {c["image"] for c in now.values()} == {serving[node.name]}, (node.name, now)
+        assert set(now) == ranks[node.name], (node.name, now)
+        assert {c["image"] for c in now.values()} == {serving[node.name]}, (node.name, now)
         assert node_image_id(node, PREVIOUS) == serving[node.name]
+        assert node_image_id(node, ALIAS) == broken[node.name]
+        assert all_containers(node) == names[node.name], node.name
+    assert label(nodes[0], "dgx-spark-vllm", GENERATION) == generation
     assert complete(nodes, KEY)
     print(
         f"\nrollback: deploy.yml {run.seconds:.0f}s, downtime {client.longest_gap():.0f}s, "
