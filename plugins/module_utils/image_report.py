@@ -165,6 +165,7 @@ def build_report(
     if notes:
         report["notes"] = notes
     report["absent"] = [item for item in ITEMS if report[item] is None]
+    report["summary"] = report_line(report)
     return report
 
 

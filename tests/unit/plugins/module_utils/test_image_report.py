@@ -67,7 +67,9 @@ def test_the_sim_serving_image_holds_vllm_torch_and_ray_and_nothing_else():
 
 
 def test_the_line_names_every_item_and_the_registry():
-    line = ir.report_line(report_of(probe()))
+    report = report_of(probe())
+    line = report["summary"]
+    assert line == ir.report_line(report)
     assert line.startswith(
         "vLLM 0.32.0+cpu, torch 2.13.0+cpu, CUDA absent, NCCL absent, Ray 2.60.0"
     )
