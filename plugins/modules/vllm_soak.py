@@ -182,6 +182,8 @@ ARGUMENT_SPEC = {
     },
 }
 
+# Seconds in a minute of the soak (the unit tests shorten it).
+MINUTE = 60.0
 # How often the soak looks for a stall, in seconds.
 TICK = 0.25
 # After an error a stream waits this long before it asks again, so a refusing endpoint is
@@ -282,7 +284,7 @@ def run(params: dict, opener) -> dict:
     body = soak.request_body(params["model"], params["prompt"], params["max_tokens"])
     recorder, halt = Recorder(), threading.Event()
     wall_start, start = time.time(), time.monotonic()
-    deadline = start + params["minutes"] * 60
+    deadline = start + params["minutes"] * MINUTE
     threads = [threading.Thread(target=worker, args=(client, body, n, recorder, halt), daemon=True)
                for n in range(1, params["streams"] + 1)]  # fmt: skip
     for thread in threads:
@@ -301,9 +303,11 @@ def run(params: dict, opener) -> dict:
         time.sleep(min(TICK, deadline - now))
     end = now
     halt.set()
+    # Streams between two requests end at once; one blocked on a frozen endpoint stays
+    # behind (daemon) when the two seconds are up: the verdict is in.
+    joined_by = time.monotonic() + 2
     for thread in threads:
-        # A stream blocked on a frozen endpoint stays behind (daemon): the verdict is in.
-        thread.join(timeout=2)
+        thread.join(timeout=max(joined_by - time.monotonic(), 0))
     tokens, requests = recorder.everything(end)
     return soak.judge(tokens, requests, start, end, stall_s=params["stall_s"],
                       streams=params["streams"], wall_start=wall_start,
