@@ -6,9 +6,11 @@
 * the roles each enters: its playbook's ``roles:``, ``include_role`` and ``import_role``, and
   what those roles' task files enter in turn (the first role under ``roles:`` is its own);
 * the settings each reads: every setting's name written in that playbook, the task files it
-  imports, and its roles' defaults, vars, tasks, handlers, templates and argument specs, and
-  every name the defaults of those settings derive from (a role's default may read another
-  role's setting: host_prep builds the firewall from ``vllm_serve_allowed_sources``).
+  imports, and its roles' defaults, vars, tasks, handlers, templates and argument specs, the
+  facts files of the roles whose published facts it reads (``tasks_from: facts``: host_prep's
+  firewall reads vllm_serve's and ray_cluster's ports), and every name the defaults of those
+  settings derive from (a role's default may read another role's setting: host_prep builds
+  the firewall from ``vllm_serve_allowed_sources``).
 
 So a changed setting moves the record's digest of the first stage that reads it (the run starts
 there), and nothing is guessed from a setting's prefix. Which stages a run's tags reach follows
@@ -81,12 +83,14 @@ def _role_name(value) -> str | None:
     return None
 
 
-def _entries(node, own: list, entered: list, task_files: list) -> None:
+def _entries(node, own: list, entered: list, task_files: list, facts: list) -> None:
     """Walk a playbook or task file: the roles under ``roles:`` (into ``own``), the roles it
-    includes or imports (``entered``), the task files it imports or includes."""
+    includes or imports (``entered``), the task files it imports or includes, and the roles
+    whose published settings it reads (``tasks_from: facts``, into ``facts``: such a role's
+    facts file is read, the role is not entered)."""
     if isinstance(node, list):
         for item in node:
-            _entries(item, own, entered, task_files)
+            _entries(item, own, entered, task_files, facts)
         return
     if not isinstance(node, dict):
         return
@@ -99,11 +103,12 @@ def _entries(node, own: list, entered: list, task_files: list) -> None:
             ]
         elif key in INCLUDE_ROLE:
             if name := _role_name(value):
-                entered.append(name)
+                reads_facts = isinstance(value, dict) and value.get("tasks_from") == "facts"
+                (facts if reads_facts else entered).append(name)
         elif key in INCLUDE_TASKS and isinstance(value, (str, dict)):
             task_files.append(value if isinstance(value, str) else value.get("file", ""))
         elif key not in IMPORT_PLAYBOOK:
-            _entries(value, own, entered, task_files)
+            _entries(value, own, entered, task_files, facts)
 
 
 def _role_texts(root: Path, role: str) -> list[str]:
@@ -117,11 +122,18 @@ def _role_texts(root: Path, role: str) -> list[str]:
 
 
 @functools.lru_cache(maxsize=64)
-def _roles_entered_by(root: Path, role: str) -> list[str]:
+def _roles_entered_by(root: Path, role: str) -> tuple[list[str], list[str]]:
+    """The roles a role's task files enter, and those whose facts they read."""
     entered: list[str] = []
+    facts: list[str] = []
     for path in sorted((root / "roles" / role / "tasks").rglob("*.yml")):
-        _entries(_load_yaml(path), entered, entered, [])
-    return entered
+        _entries(_load_yaml(path), entered, entered, [], facts)
+    return entered, facts
+
+
+def _facts_text(root: Path, role: str) -> str:
+    path = root / "roles" / role / "tasks" / "facts.yml"
+    return path.read_text() if path.is_file() else ""
 
 
 def _definitions(root: Path, pattern: re.Pattern) -> dict[str, set]:
@@ -159,8 +171,11 @@ def load(root: str = str(ROOT)) -> Stages:
         own: list[str] = []
         entered: list[str] = []
         task_files: list[str] = []
+        facts: list[str] = []
         path = base / "playbooks" / playbook
-        _entries(_load_yaml(path), own, entered, task_files)
+        # A stage's own playbook enters the roles whose facts it reads (the serve stage checks
+        # model_cache's settings and copies); a role reads another role's facts file only.
+        _entries(_load_yaml(path), own, entered, task_files, entered)
         stage_texts = [path.read_text(), json.dumps(entry)]
         stage_texts += [
             (base / "playbooks" / name).read_text()
@@ -170,13 +185,16 @@ def load(root: str = str(ROOT)) -> Stages:
         found = list(dict.fromkeys(own + entered))
         todo = list(found)
         while todo:
-            for role in _roles_entered_by(base, todo.pop(0)):
+            role_entered, role_facts = _roles_entered_by(base, todo.pop(0))
+            facts += role_facts
+            for role in role_entered:
                 if role not in found:
                     found.append(role)
                     todo.append(role)
         order.append(stage)
         roles[stage] = tuple(found)
         texts[stage] = stage_texts + [text for role in found for text in _role_texts(base, role)]
+        texts[stage] += [_facts_text(base, role) for role in dict.fromkeys(facts)]
     prefixes = ["spark"] + sorted({role for stage in order for role in roles[stage]})
     pattern = re.compile(r"\b(?:" + "|".join(prefixes) + r")_\w*[A-Za-z0-9]")
     definitions = _definitions(base, pattern)

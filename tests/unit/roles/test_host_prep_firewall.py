@@ -104,6 +104,15 @@ def decide(host: str = "spark-1", hostvars: dict | None = None, **overrides) -> 
         "_host_prep_firewall_ephemeral": {"content": base64.b64encode(b"32768\t60999\n").decode()},
     }
     variables.update(overrides)
+    # The facts ray_cluster and vllm_serve publish (their tasks/facts.yml), from their defaults
+    # and the inventory's values, as validate.yml's include_role tasks set them.
+    for owner in OWNERS:
+        (publish,) = DataLoader().load_from_file(
+            str(ROOT / "roles" / owner / "tasks/facts.yml"), trusted_as_template=True
+        )
+        scope = {**SHARED, **OWNERS[owner], **variables}
+        for key, value in publish["ansible.builtin.set_fact"].items():
+            variables[key] = Templar(loader=DataLoader(), variables=scope).template(value)
     for name in (
         "Find the management network, the network of the interface that carries ansible_host",
         "Choose who may reach which port",

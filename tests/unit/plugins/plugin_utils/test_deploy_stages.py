@@ -94,29 +94,32 @@ def test_the_stages_are_deploy_yml_s_tagged_stages_in_order():
     assert tagged == list(ds.load().order)
 
 
-def _roles_named(node) -> set[str]:
+def _roles_named(node, facts: bool = True) -> set[str]:
     """The collection's roles a playbook or task file enters (roles:, include_role,
-    import_role), by name."""
+    import_role), by name; with facts=False, not those it only reads the published facts of
+    (tasks_from: facts, whose entry point checks its own argument spec)."""
     found: set[str] = set()
     if isinstance(node, dict):
         for key, value in node.items():
             if key in ("ansible.builtin.include_role", "ansible.builtin.import_role"):
-                found.add(value["name"].removeprefix(PREFIX))
+                if facts or value.get("tasks_from") != "facts":
+                    found.add(value["name"].removeprefix(PREFIX))
             elif key == "role" and isinstance(value, str):
                 found.add(value.removeprefix(PREFIX))
             else:
-                found |= _roles_named(value)
+                found |= _roles_named(value, facts)
     elif isinstance(node, list):
         for item in node:
-            found |= _roles_named(item)
+            found |= _roles_named(item, facts)
     return found
 
 
 def _roles_entered(role: str) -> set[str]:
-    """The roles a role's task files enter, itself included."""
+    """The roles a role's task files enter, itself included (a role that reads another's
+    facts does not enter it)."""
     entered = {role}
     for path in sorted((ROOT / "roles" / role / "tasks").glob("*.yml")):
-        entered |= _roles_named(yaml.safe_load(path.read_text()))
+        entered |= _roles_named(yaml.safe_load(path.read_text()), facts=False)
     return entered
 
 
@@ -284,6 +287,11 @@ def _stage_text(stage: str) -> str:
         for path in sorted((ROOT / "roles" / role).rglob("*")):
             if path.is_file() and path.name != "README.md" and "files" not in path.parts:
                 texts.append(path.read_text(errors="ignore"))
+        # The facts files of the roles whose published facts its task files read.
+        for path in sorted((ROOT / "roles" / role / "tasks").glob("*.yml")):
+            tasks = yaml.safe_load(path.read_text())
+            for other in _roles_named(tasks) - _roles_named(tasks, facts=False):
+                texts.append((ROOT / "roles" / other / "tasks/facts.yml").read_text())
     return "\n".join(texts)
 
 
@@ -365,5 +373,6 @@ def test_the_fingerprint_covers_every_stage_role_s_settings():
     pattern = yaml.safe_load((ROOT / "roles/deploy_state/vars/main.yml").read_text())[
         "_deploy_state_setting_names"
     ]
-    prefixes = set(re.fullmatch(r"\^\((.*)\)_", pattern).group(1).split("|"))
+    # A role's published facts (<role>_facts) are left out: they derive from the settings.
+    prefixes = set(re.fullmatch(r"\^\((.*)\)_\(\?!facts\$\)", pattern).group(1).split("|"))
     assert prefixes == {"spark"} | {role for roles in ds.load().roles.values() for role in roles}
