@@ -120,6 +120,50 @@ def node_status(
     }
 
 
+_NCCL_FILE_VERSION = re.compile(r"libnccl\.so\.(\d+\.\d+\.\d+)")
+
+
+def rank_nccl(
+    loaded: list[str] | None,
+    report: dict | None,
+    host_library: str | None = None,
+    in_container: str = "",
+) -> dict:
+    """Which NCCL a node's ranks loaded, from the libnccl paths mapped into the Ray container's
+    processes (``/proc/<pid>/maps``).
+
+    ``report``: the image report of the image the ranks run (hybrid_image's, None where there
+    is none); ``host_library``: the real file of the node's libnccl (the symbolic link
+    resolved); ``in_container``: where the serving roles mount it (spark_nccl_in_container).
+    Returns ``{library, version, paths}``: ``library`` is ``host`` (the node's, mounted),
+    ``image`` (one of the image's files), ``other`` or None when no rank holds NCCL.
+    """
+    paths = sorted({str(p).strip() for p in loaded or [] if "libnccl" in str(p)})
+    if not paths:
+        return {"library": None, "version": None, "paths": []}
+    image_files = set(((report or {}).get("files") or {}).get("libnccl") or [])
+    image_dirs = {f.rsplit("/", 1)[0] for f in image_files}
+    for path in paths:
+        if in_container and path == in_container:
+            match = _NCCL_FILE_VERSION.search(str(host_library or ""))
+            return {"library": "host", "version": match.group(1) if match else None,
+                    "paths": paths}  # fmt: skip
+    for path in paths:
+        if path in image_files or path.rsplit("/", 1)[0] in image_dirs:
+            nccl = (report or {}).get("nccl") or {}
+            return {"library": "image", "version": nccl.get("version"), "paths": paths}
+    match = next(filter(None, (_NCCL_FILE_VERSION.search(p) for p in paths)), None)
+    return {"library": "other", "version": match.group(1) if match else None, "paths": paths}
+
+
+def _nccl_text(nccl: dict | None) -> str:
+    nccl = nccl or {}
+    if not nccl.get("paths"):
+        return "no libnccl loaded (no rank holds NCCL: a CPU build, or no rank running)"
+    whose = {"host": "the node's", "image": "the image's"}.get(nccl.get("library"), "a")
+    return f"{whose} NCCL {nccl.get('version') or '(version unknown)'} ({', '.join(nccl['paths'])})"
+
+
 def _short(image_id: str | None) -> str:
     if not image_id:
         return "-"
@@ -176,6 +220,25 @@ def cluster_report(nodes: dict, head: str, endpoint: dict | None, ray: dict | No
             if disk["used_pct"] >= settings.get("disk_warn_pct", 90):
                 warnings.append(f"{name}: {disk['mount']} is {disk['used_pct']}% full")
         report_nodes[name] = {"role": role, "reachable": True, "serves": serves_here, **node}
+        # What the ranks' image holds (hybrid_image's report, kept on the node) and the NCCL
+        # the ranks loaded; absent where the caller did not read them.
+        rank = (settings.get("ranks") or {}).get(name)
+        if isinstance(rank, dict):
+            image_report = (
+                rank.get("image_report") if isinstance(rank.get("image_report"), dict) else None
+            )
+            report_nodes[name]["image_report"] = image_report
+            report_nodes[name]["nccl"] = rank_nccl(
+                rank.get("nccl_loaded"),
+                image_report,
+                rank.get("nccl_host_library"),
+                str(settings.get("nccl_in_container") or ""),
+            )
+            if image_report is None and node.get("image_id"):
+                warnings.append(
+                    f"{name}: no image report for {_short(node.get('image_id'))} (what the image "
+                    "holds is unknown): run playbooks/images.yml, which writes it"
+                )
 
     reachable = {n: v for n, v in report_nodes.items() if v.get("reachable")}
     ids = {v.get("image_id") for v in reachable.values()}
@@ -383,6 +446,12 @@ def render(report: dict) -> list[str]:
             disk_text or "-",
         ])  # fmt: skip
     lines += ["nodes"] + ["  " + line for line in _table(node_rows)]
+    for name, node in report["nodes"].items():
+        if "image_report" in node:
+            held = (node.get("image_report") or {}).get("summary") or "no image report"
+            lines.append(f"  {name} image {_short(node.get('image_id'))}: {held}")
+        if "nccl" in node:
+            lines.append(f"  {name} ranks load {_nccl_text(node.get('nccl'))}")
     lines += [f"PROBLEM: {p}" for p in report["problems"]]
     lines += [f"warning: {w}" for w in report["warnings"]]
     return lines

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 from ansible_collections.dgx_spark.cluster.plugins.module_utils import pair_status, ray_status
+from ansible_collections.dgx_spark.cluster.plugins.module_utils.image_report import build_report
+from ansible_collections.dgx_spark.cluster.plugins.module_utils.vllm_image_probe import build_info
 from support.captures import load_json, tool_output
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "operate"
@@ -244,3 +246,66 @@ def test_a_rank_container_on_another_image_than_the_alias_is_a_problem(answers):
         "deploy.yml (its serving stage moves every rank together)"
     ]
     assert "PROBLEM: spark-2: the ray container runs" in "\n".join(pair_status.render(report))
+
+
+# The image report hybrid_image keeps on each node, built from the probe's answer captured in
+# the simulated pair's serving image (tests/unit/fixtures/hybrid_image).
+def _image_report(name="probe_report_sim_serving.json"):
+    doc = load_json(FIXTURES.parent / "hybrid_image" / name)
+    return build_report(doc, list(build_info(doc)["architectures"]), {}, SETTINGS["image"])
+
+
+# The pip wheel's and the node's libnccl as public reports and preflight's probe print them
+# (vLLM issue 42354; spark_nccl_host_library on DGX OS); IN is spark_nccl_in_container.
+WHEEL = "/usr/local/lib/python3.12/dist-packages/nvidia/nccl/lib/libnccl.so.2"
+HOST_REAL = "/usr/lib/aarch64-linux-gnu/libnccl.so.2.28.9"
+IN = "/opt/dgx-spark-nccl/libnccl.so.2"
+
+
+def _with_wheel(report):
+    return {**report, "nccl": {"version": "2.28.3", "source": "the nvidia-nccl-cu13 package"},
+            "files": {"libnccl": [WHEEL], "libibverbs": []}}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("loaded", "library", "version"),
+    [
+        # The sim's Ray container maps no libnccl (CPU build): nothing loaded.
+        ([], None, None),
+        ([WHEEL], "image", "2.28.3"),
+        ([IN], "host", "2.28.9"),
+        (["/opt/other/libnccl.so.2.30.7"], "other", "2.30.7"),
+    ],
+)
+def test_the_nccl_a_rank_loaded_is_named_from_its_path(loaded, library, version):
+    nccl = pair_status.rank_nccl(loaded, _with_wheel(_image_report()), HOST_REAL, IN)
+    assert (nccl["library"], nccl["version"], nccl["paths"]) == (library, version, loaded)
+
+
+def test_status_carries_each_nodes_image_report_and_rank_nccl(answers):
+    report = _image_report()
+    ranks = {
+        "spark-1": {"image_report": _with_wheel(report), "nccl_loaded": [WHEEL],
+                    "nccl_host_library": HOST_REAL},
+        "spark-2": {"image_report": None, "nccl_loaded": [IN], "nccl_host_library": HOST_REAL},
+    }  # fmt: skip
+    status = _report(answers, settings={"ranks": ranks, "nccl_in_container": IN})
+    one, two = status["nodes"]["spark-1"], status["nodes"]["spark-2"]
+    assert one["image_report"]["vllm"] == "0.32.0+cpu"
+    assert one["nccl"] == {"library": "image", "version": "2.28.3", "paths": [WHEEL]}
+    assert two["nccl"]["library"] == "host" and two["image_report"] is None
+    # A missing report is a warning, not a problem: the pair still serves.
+    assert status["healthy"]
+    assert any(w.startswith("spark-2: no image report for ") for w in status["warnings"])
+    lines = pair_status.render(status)
+    assert any(
+        line.startswith("  spark-1 image ") and "vLLM 0.32.0+cpu, torch 2.13.0+cpu" in line
+        for line in lines
+    )
+    assert f"  spark-1 ranks load the image's NCCL 2.28.3 ({WHEEL})" in lines
+    assert f"  spark-2 ranks load the node's NCCL 2.28.9 ({IN})" in lines
+
+
+def test_status_without_ranks_read_prints_no_image_lines(answers):
+    lines = pair_status.render(_report(answers))
+    assert not any(" ranks load " in line for line in lines)
