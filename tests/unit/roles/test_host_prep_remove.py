@@ -87,10 +87,13 @@ def test_removal_takes_only_the_keys_trust_generated():
 
 
 def test_the_blocks_removed_are_the_blocks_trust_writes():
-    def markers(name: str) -> set[tuple[str, str]]:
-        return {(t["ansible.builtin.blockinfile"]["path"].split("/")[-1],
-                 t["ansible.builtin.blockinfile"]["marker"])
+    def markers(name: str) -> set[str]:
+        return {t["ansible.builtin.blockinfile"]["marker"]
                 for t in _tasks(name) if "ansible.builtin.blockinfile" in t}  # fmt: skip
 
     assert markers("remove.yml") == markers("trust.yml")
     assert len(markers("trust.yml")) == 2
+    # Removal only: an absent block must not be written back empty.
+    for task in _tasks("remove.yml"):
+        if "ansible.builtin.blockinfile" in task:
+            assert task["ansible.builtin.blockinfile"]["state"] == "absent", task["name"]
