@@ -1,0 +1,107 @@
+"""deploy.yml --check --diff runs to the end on the serving pair, says what a real run would
+change, and changes nothing (issue #45).
+
+With one serving setting changed (vllm_serve_max_model_len), a real run would restart the
+serving group; in check mode the run must get through every stage it reaches (the read-only
+probes carry check_mode: false), report the changes, and leave each node as it was: the
+containers and what they were started with, the images, the files the collection writes
+under /etc and its record, and the firewall table.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import _answers, on_node, run_playbook
+
+SETTING = "vllm_serve_max_model_len=256"
+# What the collection writes on a node that a check-mode run must leave alone. The watchdog's
+# state folder is left out: the running watchdog writes it on its own.
+PATHS = (
+    "/etc/dgx-spark",
+    "/etc/netplan",
+    "/etc/systemd/system/dgx-spark-firewall.service",
+    "/var/lib/dgx-spark/deployed.json",
+    "/var/lib/dgx-spark/vllm",
+)
+LIST_FILES = (
+    "find {paths} -xdev -printf '%y %m %u:%g %p\\n' 2>/dev/null | sort; "
+    "find {paths} -xdev -type f -exec sha256sum {{}} + 2>/dev/null | sort"
+)
+
+
+def containers(node) -> dict[str, dict]:
+    """Every container on the node: name -> what it runs and was started with."""
+    ids = on_node(node, "docker", "ps", "-aq", "--no-trunc").stdout.split()
+    found = {}
+    for attrs in json.loads(on_node(node, "docker", "inspect", *ids).stdout) if ids else []:
+        found[attrs["Name"].lstrip("/")] = {
+            "id": attrs["Id"],
+            "image": attrs["Image"],
+            "env": sorted(attrs["Config"]["Env"] or []),
+            "labels": attrs["Config"]["Labels"] or {},
+            "cmd": attrs["Config"]["Cmd"],
+            "running": attrs["State"]["Running"],
+            "started": attrs["State"]["StartedAt"],
+            "restarts": attrs["RestartCount"],
+        }
+    return found
+
+
+def snapshot(node) -> dict:
+    images = on_node(
+        node, "docker", "images", "--no-trunc", "--format", "{{.Repository}}:{{.Tag}} {{.ID}}"
+    ).stdout
+    files = on_node(node, "sh", "-c", LIST_FILES.format(paths=" ".join(PATHS))).stdout
+    table = on_node(node, "nft", "-s", "list", "table", "inet", "dgx_spark", check=False)
+    return {
+        "containers": containers(node),
+        "images": sorted(images.splitlines()),
+        "files": files.splitlines(),
+        "firewall": table.stdout if table.returncode == 0 else f"absent: {table.stderr.strip()}",
+    }
+
+
+def in_step_report(run) -> str:
+    said = [r.get("msg", "") for name, _h, r in run.results() if name == "Report it"]
+    assert said, f"in_step.yml said nothing:\n{run.raw[-3000:]}"
+    return said[0] if isinstance(said[0], str) else "\n".join(said[0])
+
+
+@pytest.fixture(scope="module")
+def checked(deployed_pair):
+    """The pair's state, the check-mode run with a changed setting, and the state after."""
+    before = {node.name: snapshot(node) for node in deployed_pair}
+    run = run_playbook("deploy.yml", "--check", "--diff", "-e", SETTING, timeout=1800)
+    after = {node.name: snapshot(node) for node in deployed_pair}
+    print(f"\ndeploy.yml --check --diff -e {SETTING}: {run.seconds:.0f}s, changed {run.changed()}")
+    return before, run, after
+
+
+def test_check_mode_runs_to_the_end_and_reports_the_changes(checked):
+    _before, run, _after = checked
+    assert run.rc == 0, run.failures() or run.raw[-4000:]
+    assert not run.failures(), run.failures()
+    assert in_step_report(run).startswith("Running the stages from serve on"), in_step_report(run)
+    # The serving group would restart with the new setting: the head says so.
+    assert run.changed()["spark-1"] > 0, run.changed_tasks()
+    changed = {task.split(": ", 1)[1] for task in run.changed_tasks()}
+    assert changed & {"Run the serving container", "Write the launcher"}, sorted(changed)
+    # Every play ran to its end on both nodes: none was cut short by a failed or unreachable host.
+    for node in ("spark-1", "spark-2"):
+        assert run.stats[node]["failures"] == 0 and run.stats[node]["unreachable"] == 0, run.stats
+
+
+def test_check_mode_changes_nothing_on_the_nodes(checked):
+    before, _run, after = checked
+    for node, state in before.items():
+        for part in ("containers", "images", "files", "firewall"):
+            assert after[node][part] == state[part], f"{node}: {part} changed in check mode"
+
+
+def test_the_pair_still_serves_and_is_still_in_step(checked, deployed_pair):
+    assert _answers(deployed_pair), "the pair does not answer after the check-mode run"
+    again = run_playbook("playbooks/in_step.yml")
+    assert again.rc == 0, again.failures() or again.raw[-3000:]
+    assert in_step_report(again).startswith("In step"), in_step_report(again)
