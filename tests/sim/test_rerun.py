@@ -8,6 +8,8 @@ benchmarks/noop_rerun.py prints what that costs against a ping.
 
 from __future__ import annotations
 
+import shlex
+
 import pytest
 from conftest import run_playbook
 
@@ -27,6 +29,32 @@ def report(run) -> str:
 
 def ran(run) -> set[str]:
     return {name for name, _h, r in run.results() if not r.get("skipped")}
+
+
+MODEL = "/var/lib/dgx-spark/models/tiny-qwen3-moe"
+SHARD = "model-00002-of-00002.safetensors"
+
+
+def shard_stat(host) -> tuple[int, int]:
+    """The worker shard's size and modification time (ns): what the record keeps of it."""
+    script = f"import os; s = os.stat('{MODEL}/{SHARD}'); print(s.st_size, s.st_mtime_ns)"
+    size, mtime = host.check_output(f"sudo python3 -c {shlex.quote(script)}").split()
+    return int(size), int(mtime)
+
+
+def overwrite_middle(host) -> None:
+    """Eight bytes in the middle of the shard (its weights, past the header) made other ones:
+    the same size, new bytes, a new modification time."""
+    script = (
+        "import os\n"
+        f"p = '{MODEL}/{SHARD}'\n"
+        "with open(p, 'r+b') as f:\n"
+        "    f.seek(os.path.getsize(p) // 2)\n"
+        "    old = f.read(8)\n"
+        "    f.seek(-8, 1)\n"
+        "    f.write(bytes(b ^ 0xFF for b in old))\n"
+    )
+    host.check_output(f"sudo python3 -c {shlex.quote(script)}")
 
 
 @pytest.fixture(scope="module")
@@ -102,12 +130,13 @@ def test_a_partial_run_is_never_taken_for_in_step(in_step):
 
 def test_drift_a_rerun_must_see_is_seen_and_repaired(in_step, hosts):
     """Hand edits no container shows: a flushed firewall table, an edited comm.env, a
-    retagged serving alias and a weight file changed on the worker. The in-step check names
-    each, and the full run that follows repairs them and is in step again."""
+    retagged serving alias and a weight shard changed in place on the worker (other bytes at
+    the same size, so only its modification time tells). The in-step check names each, and
+    the full run that follows repairs them and is in step again."""
     head, worker = hosts["spark-1"], hosts["spark-2"]
     alias = "dgx-spark/vllm-serving:current"
-    model = "/var/lib/dgx-spark/models/tiny-qwen3-moe"
-    shard = worker.check_output(f"sudo sh -c 'ls {model} | grep -m1 -E \"safetensors$|json$\"'")
+    model, shard = MODEL, SHARD
+    size = shard_stat(worker)[0]
     good_alias = worker.check_output(f"sudo docker image inspect --format '{{{{.Id}}}}' {alias}")
     good_shard = head.check_output(f"sudo sha256sum {model}/{shard}").split()[0]
     good_env = head.check_output("sudo cat /etc/dgx-spark/comm.env")
@@ -117,7 +146,9 @@ def test_drift_a_rerun_must_see_is_seen_and_repaired(in_step, hosts):
     worker.check_output("sudo nft flush table inet dgx_spark")
     head.check_output("sudo sh -c 'echo \"# edited by hand\" >> /etc/dgx-spark/comm.env'")
     worker.check_output(f"sudo docker tag vllm-node:0.14.1-ray2.60.0 {alias}")
-    worker.check_output(f"sudo sh -c 'printf x >> {model}/{shard}'")
+    overwrite_middle(worker)
+    assert shard_stat(worker)[0] == size
+    assert worker.check_output(f"sudo sha256sum {model}/{shard}").split()[0] != good_shard
 
     check = run_playbook("playbooks/in_step.yml")
     said = report(check)
@@ -142,3 +173,34 @@ def test_drift_a_rerun_must_see_is_seen_and_repaired(in_step, hosts):
     assert report(again).startswith("In step"), report(again)
     assert again.changed() == {"localhost": 0, "spark-1": 0, "spark-2": 0}, again.changed_tasks()
     print(f"\ndrift: seen in {check.seconds:.1f}s, repaired by deploy.yml in {repair.seconds:.0f}s")
+
+
+def test_a_shard_changed_at_its_size_and_time_is_seen_only_by_a_checksum(in_step, hosts):
+    """What the record cannot see: a shard changed in place with its size and modification
+    time put back (the record keeps those, not the bytes: reading 119 GB on every rerun would
+    not take seconds). The rerun's check says in step; the model stage with
+    model_cache_verify=checksum reads every byte and names the file. The shard is put back."""
+    head, worker = hosts["spark-1"], hosts["spark-2"]
+    good = head.check_output(f"sudo sha256sum {MODEL}/{SHARD}").split()[0]
+    before = shard_stat(worker)
+    backup = "/var/lib/dgx-spark/test-rerun-shard"
+    worker.check_output(f"sudo cp -p {MODEL}/{SHARD} {backup}")
+    try:
+        overwrite_middle(worker)
+        worker.check_output(f"sudo touch -r {backup} {MODEL}/{SHARD}")
+        assert shard_stat(worker) == before
+        assert worker.check_output(f"sudo sha256sum {MODEL}/{SHARD}").split()[0] != good
+
+        check = run_playbook("playbooks/in_step.yml")
+        assert check.rc == 0, check.failures() or check.raw[-3000:]
+        assert report(check).startswith("In step"), report(check)
+
+        verify = run_playbook("playbooks/model.yml", "-e", "model_cache_verify=checksum")
+        assert verify.rc != 0, "the checksum run passed a shard whose bytes differ"
+        (message,) = verify.failures()
+        assert message.startswith("spark-2: "), message
+        assert message.endswith(f"SHA-256 differs (1): {SHARD}"), message
+    finally:
+        worker.check_output(f"sudo cp -p {backup} {MODEL}/{SHARD} && sudo rm -f {backup}")
+    assert worker.check_output(f"sudo sha256sum {MODEL}/{SHARD}").split()[0] == good
+    assert shard_stat(worker) == before
