@@ -11,12 +11,14 @@ running group keeps serving.
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
-from conftest import on_node, run_playbook
+from conftest import node_image_id, on_node, run_playbook
 from test_serving import KEY, complete
 
 RECORD = "/etc/dgx-spark/vllm/collective.json"
+ALIAS = "dgx-spark/vllm-serving:current"
 DECIDED = "Say whether the collective runs"
 STOPPED = "Stop before anything serving is touched when the collective failed or hung"
 
@@ -39,6 +41,10 @@ def container(node, name: str) -> dict:
     return json.loads(got.stdout)[0] if got.returncode == 0 else {}
 
 
+def sorted_nodes(nodes) -> list:
+    return sorted(nodes, key=lambda n: n.name)
+
+
 def checked(run) -> str:
     passes = said(run, STOPPED)
     assert passes, f"the collective did not run:\n{said(run, DECIDED)}"
@@ -54,6 +60,32 @@ def first(deployed_pair, nodes):
     run = serve()
     assert run.rc == 0, run.failures() or run.raw[-3000:]
     return run
+
+
+def test_the_first_run_ran_it_passed_and_recorded_it_on_every_node(first, nodes):
+    stale = "; ".join(f"{n.name}: no passed collective recorded" for n in sorted_nodes(nodes))
+    assert said(first, DECIDED) == [f"Two-rank collective in {ALIAS}: runs ({stale})"]
+    lines = checked(first).splitlines()
+    # One line per rank, as the sim's Gloo run prints it (no NCCL without a GPU).
+    assert [line.split(":", 1)[0] for line in lines] == [n.name for n in sorted_nodes(nodes)]
+    for node, line in zip(sorted_nodes(nodes), lines, strict=True):
+        got = re.fullmatch(
+            rf"{node.name}: all_reduce over 2 ranks, backend gloo, transport gloo, "
+            r"busbw ([0-9.]+) GB/s, ([0-9.]+) s",
+            line,
+        )
+        assert got, line
+        rec = record(node)
+        assert rec == {
+            "format": 1, "backend": "gloo", "op": "all_reduce", "transport": "gloo",
+            "nccl_version": "", "nccl_library": "", "image_id": node_image_id(node, ALIAS),
+            "busbw_gbps": float(got[1]), "elapsed_s": float(got[2]),
+            "digest": rec["digest"], "checked_at": rec["checked_at"],
+        }, rec  # fmt: skip
+        assert re.fullmatch(r"[0-9a-f]{16}", rec["digest"]), rec
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d", rec["checked_at"]), rec
+    # And the rank's container is gone.
+    assert not [n.name for n in nodes if container(n, "dgx-spark-collective")]
 
 
 def test_a_rerun_with_nothing_changed_does_not_run_it(first, nodes):
