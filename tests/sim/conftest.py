@@ -83,19 +83,16 @@ def pytest_terminal_summary(terminalreporter) -> None:
         )
 
 
-# The order the modules run in. Read-only checks and refusals first (host_prep.yml before
-# any deploy of the tests': on a pair `make sim-up` just made, a stage run alone on nodes
-# nothing prepared; in `make test`, molecule's default scenario has deployed the pair
-# first); then the stages' own tests, and test_rerun while the pair is still in step.
-#
-# After that, the modules that disturb the pair each take it as it serves (`serving_pair`)
-# instead of paying a whole run of every stage (two minutes on the sim) to put it back in
-# step, and none puts it back for the next: test_firewall's rank drill restarts a container;
-# test_monitoring's removal leaves the record's settings behind; test_serving ends on a
-# rotated key; test_upgrade's own deploy.yml is a whole run anyway (it brings the inventory's
-# key back in the restart that moves the ranks) and ends on the new image. The teardown comes
-# right before test_monitoring, whose first step is a whole run of deploy.yml anyway: that run
-# brings back what the teardown removed (weights, Ray, serving), so no run of its own does.
+# The order `make test` runs the modules in, for speed only: every module takes the pair from
+# what it finds (deployed_pair / serving_pair run deploy.yml, whose in-step check ends every
+# stage at once when the pair is as the last full run left it, and otherwise repairs from the
+# first stage out of step), so no module needs another to run before it; tools/sim_alone.py
+# runs each module alone, in a shuffled order, to show it. This order only saves whole runs: read-only checks and refusals first
+# (host_prep.yml before any deploy of the tests'), the stages' own tests while the pair is
+# still in step, and the modules that leave the pair out of step later, each next to one
+# that repairs it anyway (test_firewall's rank drill restarts a container, test_serving ends
+# on a rotated key, test_teardown removes the deployment, test_monitoring records its own
+# settings, test_upgrade ends on the test's donor), so fewer of them pay a full run.
 MODULE_ORDER = (
     "test_pair", "test_vllm_registry_info", "test_host_prep", "test_image_inputs",
     "test_model_cache", "test_chat", "test_weights", "test_first_start", "test_collective",
@@ -311,16 +308,11 @@ def deployed_pair(request, sim, nodes):
 
 
 @pytest.fixture(scope="module")
-def serving_pair(sim, nodes):
-    """The pair serving the inventory's model with its key, for a module whose own first step
-    is a whole run of deploy.yml anyway: the record of the last run may be out of step (a
-    container restarted, other settings recorded). deploy.yml runs only when it does not
-    answer."""
-    if not _answers(nodes):
-        run = run_playbook("deploy.yml")
-        assert run.rc == 0, run.failures() or run.raw[-4000:]
-        assert _answers(nodes), "the pair does not serve after deploy.yml"
-    return nodes
+def serving_pair(deployed_pair):
+    """The pair serving the inventory's deployment, as deployed_pair leaves it: deploy.yml's
+    in-step check, and its repair of whatever an earlier module left out of step (a restarted
+    container, other settings recorded, a rotated key, a torn-down pair)."""
+    return deployed_pair
 
 
 def on_node(node, *argv: str, check: bool = True, data: bytes | None = None):
