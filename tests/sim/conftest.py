@@ -87,12 +87,12 @@ def pytest_terminal_summary(terminalreporter) -> None:
 # what it finds (deployed_pair / serving_pair run deploy.yml, whose in-step check ends every
 # stage at once when the pair is as the last full run left it, and otherwise repairs from the
 # first stage out of step), so no module needs another to run before it; tools/sim_alone.py
-# runs each module alone, in a shuffled order, to show it. This order only saves whole runs: read-only checks and refusals first
-# (host_prep.yml before any deploy of the tests'), the stages' own tests while the pair is
-# still in step, and the modules that leave the pair out of step later, each next to one
-# that repairs it anyway (test_firewall's rank drill restarts a container, test_serving ends
-# on a rotated key, test_teardown removes the deployment, test_monitoring records its own
-# settings, test_upgrade ends on the test's donor), so fewer of them pay a full run.
+# runs each module alone, in a shuffled order, to show it. This order only saves whole runs:
+# read-only checks and refusals first (host_prep.yml before any deploy of the tests'), the
+# stages' own tests while the pair is still in step, and the modules that leave the pair out
+# of step later, each next to one that repairs it anyway (test_firewall's rank drill restarts
+# a container, test_serving ends on a rotated key, test_teardown removes the deployment,
+# test_monitoring records its own settings, test_upgrade ends on the test's donor).
 MODULE_ORDER = (
     "test_pair", "test_vllm_registry_info", "test_host_prep", "test_image_inputs",
     "test_model_cache", "test_chat", "test_weights", "test_first_start", "test_collective",
