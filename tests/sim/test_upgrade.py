@@ -4,11 +4,11 @@ nothing that serves; the rerun sees the new images and moves every rank (the Ray
 and the driver) to the new one together; a new image that does not serve is rolled back as a
 whole.
 
-The module takes the pair as it serves, with the inventory's key or test_serving's rotated
-one: its own deploy.yml is a whole run, which brings the inventory's key back in the same
-restart. Afterwards the donor tag names the inventory's donor again, but the pair keeps
-serving the image built from the test's donor: the next deploy.yml moves it back (a whole
-run and a restart that no later module needs: this module comes last).
+The module starts from the pair in step with the inventory (conftest's deployed_pair: the
+in-step check of deploy.yml, and its repair of what an earlier module left), so the upgrade's
+deploy.yml always starts at the images stage. Afterwards the donor tag names the inventory's
+donor again, but the pair keeps serving the image built from the test's donor: the next
+deploy.yml moves it back (a run from the images stage and a restart).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import pytest
 import yaml
 from conftest import ROOT, load_changed_image, node_image_id, on_node, run_playbook
 from test_rerun import ran
-from test_serving import KEY, ROTATED, Client, complete, vllm_start_seconds
+from test_serving import KEY, Client, complete, vllm_start_seconds
 
 CLUSTER = yaml.safe_load((ROOT / "inventories/sim/group_vars/all/cluster.yml").read_text())
 DONOR = CLUSTER["hybrid_image_donor"]
@@ -66,17 +66,13 @@ def in_step_report(run) -> str:
     return said[0] if isinstance(said[0], str) else "\n".join(said[0])
 
 
-# Either key: test_serving, before this module, leaves the pair on its rotated key.
-KEYS = [KEY, ROTATED]
-
-
 @pytest.fixture(scope="module")
-def upgrade(sim, nodes):
-    """The pair serving (deployed first when it answers neither key), and the inventory's
-    donor tagged again afterwards; the test's donor goes once no image is built on it."""
-    if not any(complete(nodes, key) for key in KEYS):
-        run = run_playbook("deploy.yml")
-        assert run.rc == 0, run.failures() or run.raw[-3000:]
+def upgrade(deployed_pair, nodes):
+    """The pair in step with the inventory (deploy.yml's in-step check repaired whatever an
+    earlier module left, such as test_serving's rotated key or test_monitoring's record), and
+    the inventory's donor tagged again afterwards; the test's donor goes once no image is
+    built on it."""
+    assert complete(nodes, KEY)
     donor = {n.name: node_image_id(n, DONOR) for n in nodes}
     yield donor
     for node in nodes:
@@ -91,7 +87,7 @@ def test_an_image_rebuild_reaches_every_rank(upgrade, nodes):
     new_donor = load_changed_image(nodes, DONOR, DONOR, {"dgxsim.test.donor": "upgrade"})
 
     # 1. The images stage rebuilds, and nothing that serves notices.
-    with Client(nodes, KEYS) as client:
+    with Client(nodes, [KEY]) as client:
         time.sleep(2)
         images = run_playbook("playbooks/images.yml")
         time.sleep(2)
@@ -115,9 +111,8 @@ def test_an_image_rebuild_reaches_every_rank(upgrade, nodes):
     assert status.rc != 0
     assert "the ranks are not on one image" in status.messages(), status.messages()
 
-    # 3. deploy.yml moves every rank to the new image, in one restart of the group (which
-    # also brings the inventory's key back, where the pair served on the rotated one).
-    with Client(nodes, KEYS) as client:
+    # 3. deploy.yml moves every rank to the new image, in one restart of the group.
+    with Client(nodes, [KEY]) as client:
         time.sleep(2)
         run = run_playbook("deploy.yml")
         time.sleep(3)
@@ -127,21 +122,15 @@ def test_an_image_rebuild_reaches_every_rank(upgrade, nodes):
         assert set(now) == set(before[node.name]), now
         assert {c["image"] for c in now.values()} == {alias[node.name]}, (node.name, now)
     assert "keeps" in run.messages() and "the serving stage" in run.messages()
-    assert complete(nodes, KEY) and not complete(nodes, ROTATED)
-    # Where it started: at the images stage when only the images moved (host_prep had nothing
-    # to do, and its play ended at once); in `make test` the record still holds
-    # test_monitoring's settings (spark_monitoring), which every stage reads.
+    assert complete(nodes, KEY)
+    # Where it started: at the images stage, as only the images moved since the pair was in
+    # step (host_prep had nothing to do, and its play ended at once).
     said, tasks = in_step_report(run), ran(run)
-    skipped_host_prep = not tasks & {
+    assert said.startswith("Running the stages from images on"), said
+    assert not tasks & {
         "Validate the settings of host_prep against its argument spec",
         "Gather the network facts the links are checked against",
-    }
-    if "the settings, inventory or collection changed" in said:
-        assert said.startswith("Running every stage:"), said
-        assert not skipped_host_prep, sorted(tasks)
-    else:
-        assert said.startswith("Running the stages from images on"), said
-        assert skipped_host_prep, sorted(tasks)
+    }, sorted(tasks)
     assert "Validate the settings of hybrid_image against its argument spec" in tasks, sorted(tasks)
     start = vllm_start_seconds(run)
     gap = client.longest_gap()
