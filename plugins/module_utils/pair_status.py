@@ -159,7 +159,7 @@ def rank_nccl(
 def _nccl_text(nccl: dict | None) -> str:
     nccl = nccl or {}
     if not nccl.get("paths"):
-        return "no libnccl loaded (no rank holds NCCL: a CPU build, or no rank running)"
+        return "no libnccl (no rank holds NCCL: a CPU build, or no rank running)"
     whose = {"host": "the node's", "image": "the image's"}.get(nccl.get("library"), "a")
     return f"{whose} NCCL {nccl.get('version') or '(version unknown)'} ({', '.join(nccl['paths'])})"
 
