@@ -1,10 +1,8 @@
 """playbooks/teardown.yml on the simulated pair: with -e teardown_remove_weights=true every
 container the collection made (serving, watchdog, Ray, monitoring) and the weights leave both
 nodes, while the images and the host preparation (comm.env) stay. The module takes the pair
-as it serves with the inventory's key, and leaves it torn down: the module after it
-(test_monitoring) starts with a whole run of deploy.yml, which places the weights again and
-brings Ray and serving back, and requires the pair to answer after it; a module that needs
-the pair serving and finds it torn down deploys it first (conftest's serving_pair).
+as it serves with the inventory's key (conftest's serving_pair deploys it first when it does
+not answer).
 
 Then -e teardown_host_prep=true: the nodes first get a netplan file of the owner's at
 host_prep's path (as NVIDIA's two-Spark guide has owners write it), a deploy.yml keeps it and
