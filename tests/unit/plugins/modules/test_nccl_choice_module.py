@@ -37,4 +37,3 @@ def test_an_explicit_image_in_the_range_warns_and_goes_on(capsys):
     code, out = run_module(mod, args, capsys)
     assert code == 0 and out["library"] == "image"
     assert out["warned"][0].startswith("the ranks load the image's NCCL 2.28.9: NCCL 2.28.x")
-    assert "the ranks load the image's NCCL 2.28.9" in str(out["warnings"])
