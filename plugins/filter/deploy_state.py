@@ -2,13 +2,14 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """Filters the deploy_state role and deploy.yml's stage plays use; thin wrappers over
 plugins/module_utils/deploy_state_settings.py and plugins/plugin_utils/deploy_stages.py
-(documented in the sidecar YAML files next to this one)."""
+(the operations of the one filter documented in this folder's sidecar of the same name)."""
 
 from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
 from ansible_collections.dgx_spark.cluster.plugins.module_utils import deploy_state_settings
 from ansible_collections.dgx_spark.cluster.plugins.plugin_utils import deploy_stages
+from ansible_collections.dgx_spark.cluster.plugins.plugin_utils.role_filter import role_filter
 
 
 def deploy_state_setting_errors(settings, defined=None):
@@ -62,12 +63,17 @@ def deploy_state_fingerprints(settings, common):
     return deploy_stages.fingerprints(dict(settings), common)
 
 
+# The operations of the one filter this role uses, dgx_spark.cluster.deploy_state:
+# ``value | dgx_spark.cluster.deploy_state('<operation>', ...)``.
+OPERATIONS = {
+    "setting_errors": deploy_state_setting_errors,
+    "stages_earliest": deploy_stages_earliest,
+    "stages_reached": deploy_stages_reached,
+    "stages_roles": deploy_stages_roles,
+    "fingerprints": deploy_state_fingerprints,
+}
+
+
 class FilterModule:
     def filters(self):
-        return {
-            "deploy_state_setting_errors": deploy_state_setting_errors,
-            "deploy_stages_earliest": deploy_stages_earliest,
-            "deploy_stages_reached": deploy_stages_reached,
-            "deploy_stages_roles": deploy_stages_roles,
-            "deploy_state_fingerprints": deploy_state_fingerprints,
-        }
+        return {"deploy_state": role_filter("deploy_state", OPERATIONS)}

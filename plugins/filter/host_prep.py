@@ -13,6 +13,7 @@ from ansible_collections.dgx_spark.cluster.plugins.module_utils import (
     link_plan,
     spark_platform,
 )
+from ansible_collections.dgx_spark.cluster.plugins.plugin_utils.role_filter import role_filter
 
 
 def host_prep_cabled(links, ibdev2netdev, host="", rc=0, error=""):
@@ -125,17 +126,22 @@ def host_prep_platform(nvidia_smi, gpus, host="", kernel=""):
     return result
 
 
+# The operations of the one filter this role uses, dgx_spark.cluster.host_prep:
+# ``value | dgx_spark.cluster.host_prep('<operation>', ...)``.
+OPERATIONS = {
+    "cabled": host_prep_cabled,
+    "links": host_prep_links,
+    "nodes": host_prep_nodes,
+    "roce": host_prep_roce,
+    "comm_env": host_prep_comm_env,
+    "check": host_prep_check,
+    "serving": host_prep_serving,
+    "platform": host_prep_platform,
+    "link_plan": host_prep_link_plan,
+    "link_record": host_prep_link_record,
+}
+
+
 class FilterModule:
     def filters(self):
-        return {
-            "host_prep_cabled": host_prep_cabled,
-            "host_prep_links": host_prep_links,
-            "host_prep_nodes": host_prep_nodes,
-            "host_prep_roce": host_prep_roce,
-            "host_prep_comm_env": host_prep_comm_env,
-            "host_prep_check": host_prep_check,
-            "host_prep_serving": host_prep_serving,
-            "host_prep_platform": host_prep_platform,
-            "host_prep_link_plan": host_prep_link_plan,
-            "host_prep_link_record": host_prep_link_record,
-        }
+        return {"host_prep": role_filter("host_prep", OPERATIONS)}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
 from ansible_collections.dgx_spark.cluster.plugins.module_utils import hybrid_image
+from ansible_collections.dgx_spark.cluster.plugins.plugin_utils.role_filter import role_filter
 
 
 def _wrap(func, *args, **kwargs):
@@ -77,15 +78,20 @@ def hybrid_image_preflight(found, host, strategy, inputs, base_ray="", ray_overr
     return {"errors": errors, "ray_version": version, "ray_source": source}
 
 
+# The operations of the one filter this role uses, dgx_spark.cluster.hybrid_image:
+# ``value | dgx_spark.cluster.hybrid_image('<operation>', ...)``.
+OPERATIONS = {
+    "digest": hybrid_image_digest,
+    "preflight": hybrid_image_preflight,
+    "env": hybrid_image_env,
+    "env_instructions": hybrid_image_env_instructions,
+    "cluster_files": hybrid_image_cluster_files,
+    "wheel_target": hybrid_image_wheel_target,
+    "transplant_plan": hybrid_image_transplant_plan,
+    "patch_registry": hybrid_image_patch_registry,
+}
+
+
 class FilterModule:
     def filters(self):
-        return {
-            "hybrid_image_digest": hybrid_image_digest,
-            "hybrid_image_preflight": hybrid_image_preflight,
-            "hybrid_image_env": hybrid_image_env,
-            "hybrid_image_env_instructions": hybrid_image_env_instructions,
-            "hybrid_image_cluster_files": hybrid_image_cluster_files,
-            "hybrid_image_wheel_target": hybrid_image_wheel_target,
-            "hybrid_image_transplant_plan": hybrid_image_transplant_plan,
-            "hybrid_image_patch_registry": hybrid_image_patch_registry,
-        }
+        return {"hybrid_image": role_filter("hybrid_image", OPERATIONS)}

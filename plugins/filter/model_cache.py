@@ -1,12 +1,13 @@
 # Copyright: contributors to the dgx_spark.cluster collection
 # SPDX-License-Identifier: GPL-3.0-or-later
 """Filters the model_cache role uses; thin wrappers over plugins/module_utils/model_manifest
-(documented in the sidecar YAML files next to this one)."""
+(the operations of the one filter documented in this folder's sidecar of the same name)."""
 
 from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
 from ansible_collections.dgx_spark.cluster.plugins.module_utils import model_manifest as mm
+from ansible_collections.dgx_spark.cluster.plugins.plugin_utils.role_filter import role_filter
 
 
 def model_cache_hf_manifest(info, patterns=None):
@@ -54,13 +55,18 @@ def model_cache_repo_dir(repo_id):
         raise AnsibleFilterError(f"model_cache_repo_id: {exc}") from exc
 
 
+# The operations of the one filter this role uses, dgx_spark.cluster.model_cache:
+# ``value | dgx_spark.cluster.model_cache('<operation>', ...)``.
+OPERATIONS = {
+    "hf_manifest": model_cache_hf_manifest,
+    "capacity": model_cache_capacity,
+    "disk": model_cache_disk,
+    "rsync": model_cache_rsync,
+    "repo_dir": model_cache_repo_dir,
+    "problems": model_cache_problems,
+}
+
+
 class FilterModule:
     def filters(self):
-        return {
-            "model_cache_hf_manifest": model_cache_hf_manifest,
-            "model_cache_capacity": model_cache_capacity,
-            "model_cache_disk": model_cache_disk,
-            "model_cache_rsync": model_cache_rsync,
-            "model_cache_repo_dir": model_cache_repo_dir,
-            "model_cache_problems": model_cache_problems,
-        }
+        return {"model_cache": role_filter("model_cache", OPERATIONS)}

@@ -13,6 +13,7 @@ from ansible_collections.dgx_spark.cluster.plugins.module_utils import (
     pair_status,
     ray_status,
 )
+from ansible_collections.dgx_spark.cluster.plugins.plugin_utils.role_filter import role_filter
 
 
 def operate_status_report(nodes, head, endpoint, ray_text, settings):
@@ -88,13 +89,18 @@ def operate_setting_errors(settings):
     return operate_settings.setting_errors(dict(settings))
 
 
+# The operations of the one filter this role uses, dgx_spark.cluster.operate:
+# ``value | dgx_spark.cluster.operate('<operation>', ...)``.
+OPERATIONS = {
+    "status_report": operate_status_report,
+    "status_lines": operate_status_lines,
+    "bench_summary": operate_bench_summary,
+    "container_logs": operate_container_logs,
+    "mask_secrets": operate_mask_secrets,
+    "setting_errors": operate_setting_errors,
+}
+
+
 class FilterModule:
     def filters(self):
-        return {
-            "operate_status_report": operate_status_report,
-            "operate_status_lines": operate_status_lines,
-            "operate_bench_summary": operate_bench_summary,
-            "operate_container_logs": operate_container_logs,
-            "operate_mask_secrets": operate_mask_secrets,
-            "operate_setting_errors": operate_setting_errors,
-        }
+        return {"operate": role_filter("operate", OPERATIONS)}

@@ -6,6 +6,18 @@ from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
 from ansible_collections.dgx_spark.cluster.plugins.module_utils import vllm_command, vllm_start
+from ansible_collections.dgx_spark.cluster.plugins.plugin_utils.role_filter import role_filter
+from ansible_collections.dgx_spark.cluster.plugins.plugin_utils.vllm_serve_collective import (
+    vllm_serve_collective_check,
+    vllm_serve_collective_digest,
+    vllm_serve_collective_plan,
+    vllm_serve_collective_record,
+)
+from ansible_collections.dgx_spark.cluster.plugins.plugin_utils.vllm_serve_memory import (
+    vllm_serve_cma_check,
+    vllm_serve_memory_check,
+    vllm_serve_memory_setting_errors,
+)
 
 
 def vllm_serve_args(settings, backend, node_rank, nnodes, master_addr):
@@ -84,17 +96,29 @@ def vllm_serve_rollback_watch_limits(previous_args, stall, grace):
     return vllm_start.rollback_watch_limits(list(previous_args or []), stall, grace)
 
 
+# The operations of the one filter this role uses, dgx_spark.cluster.vllm_serve:
+# ``value | dgx_spark.cluster.vllm_serve('<operation>', ...)``.
+OPERATIONS = {
+    "args": vllm_serve_args,
+    "env": vllm_serve_env,
+    "parallel_error": vllm_serve_parallel_error,
+    "setting_errors": vllm_serve_setting_errors,
+    "watchdog_setting_errors": vllm_serve_watchdog_setting_errors,
+    "auth_errors": vllm_serve_auth_errors,
+    "start_setting_errors": vllm_serve_start_setting_errors,
+    "load_format": vllm_serve_load_format,
+    "failed_start": vllm_serve_failed_start,
+    "rollback_watch_limits": vllm_serve_rollback_watch_limits,
+    "collective_check": vllm_serve_collective_check,
+    "collective_digest": vllm_serve_collective_digest,
+    "collective_plan": vllm_serve_collective_plan,
+    "collective_record": vllm_serve_collective_record,
+    "memory_setting_errors": vllm_serve_memory_setting_errors,
+    "memory_check": vllm_serve_memory_check,
+    "cma_check": vllm_serve_cma_check,
+}
+
+
 class FilterModule:
     def filters(self):
-        return {
-            "vllm_serve_args": vllm_serve_args,
-            "vllm_serve_env": vllm_serve_env,
-            "vllm_serve_parallel_error": vllm_serve_parallel_error,
-            "vllm_serve_setting_errors": vllm_serve_setting_errors,
-            "vllm_serve_watchdog_setting_errors": vllm_serve_watchdog_setting_errors,
-            "vllm_serve_auth_errors": vllm_serve_auth_errors,
-            "vllm_serve_start_setting_errors": vllm_serve_start_setting_errors,
-            "vllm_serve_load_format": vllm_serve_load_format,
-            "vllm_serve_failed_start": vllm_serve_failed_start,
-            "vllm_serve_rollback_watch_limits": vllm_serve_rollback_watch_limits,
-        }
+        return {"vllm_serve": role_filter("vllm_serve", OPERATIONS)}

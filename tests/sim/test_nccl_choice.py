@@ -1,13 +1,13 @@
 """Which libnccl the ranks load (spark_nccl_library: auto), on the simulated pair.
 
-Preflight (host_prep's tasks/nccl_versions.yml) reads the NCCL version in the serving image and
+Preflight (ray_cluster's tasks/nccl_choice.yml) reads the NCCL version in the serving image and
 in the file name of each node's libnccl, and dgx_spark.cluster.nccl_choice decides for the pair.
 The sim's serving image is a CPU build (its torch has no NCCL) and its nodes have no libnccl, so
 each case is set up here: images derived from the serving alias carry a pip NCCL wheel's
 metadata (nvidia-nccl-cu13 at the version wanted; the probe reads it when torch has none), and a
 real shared object (the node's libz, which any process can preload harmlessly) lies on every
 node under versioned libnccl file names. The choice alone runs through a wrapper playbook that
-includes only nccl_versions.yml (seconds); one whole deploy proves that the ranks in the Ray
+includes only nccl_choice.yml (seconds); one whole deploy proves that the ranks in the Ray
 containers really load the chosen file, and one more puts the inventory's settings back.
 """
 
@@ -79,8 +79,8 @@ def choose(tmp_path, image: str, host: str, *extra: str):
                         {
                             "name": "Decide as preflight does",
                             "ansible.builtin.include_role": {
-                                "name": "dgx_spark.cluster.host_prep",
-                                "tasks_from": "nccl_versions",
+                                "name": "dgx_spark.cluster.ray_cluster",
+                                "tasks_from": "nccl_choice",
                             },
                         },
                         {
@@ -96,7 +96,7 @@ def choose(tmp_path, image: str, host: str, *extra: str):
     )
     return run_playbook(
         str(wrapper),
-        *("-e", f"host_prep_serving_image={IMAGES[image]}"),
+        *("-e", f"ray_cluster_image={IMAGES[image]}"),
         *("-e", f"spark_nccl_host_library={host_lib(host)}"),
         *extra,
     )
@@ -170,7 +170,7 @@ def test_the_ranks_load_the_library_auto_chose(versions):
     maps the node's file; the next deploy with the inventory's settings takes it away."""
     extra = [
         *("-e", "spark_nccl_library=auto"),
-        *("-e", f"host_prep_serving_image={IMAGES['2.28.9']}"),
+        *("-e", f"ray_cluster_image={IMAGES['2.28.9']}"),
         *("-e", f"spark_nccl_host_library={host_lib('new')}"),
     ]
     try:

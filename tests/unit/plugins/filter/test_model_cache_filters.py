@@ -6,7 +6,7 @@ import pytest
 from ansible.errors import AnsibleFilterError
 from ansible_collections.dgx_spark.cluster.plugins.filter import model_cache as flt
 
-FILTERS = flt.FilterModule().filters()
+FILTERS = {f"model_cache_{op}": run for op, run in flt.OPERATIONS.items()}
 
 
 def test_capacity_takes_mib_from_facts():

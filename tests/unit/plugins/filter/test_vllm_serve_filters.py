@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ansible_collections.dgx_spark.cluster.plugins.filter import vllm_serve
 
-FAILED_START = vllm_serve.FilterModule().filters()["vllm_serve_failed_start"]
+FAILED_START = vllm_serve.OPERATIONS["failed_start"]
 # vllm_start_wait's result for a start that exited, and the previous group's wait.
 WAIT = {"healthy": False, "reason": "the serving container exited (code 1)", "excerpt": ""}
 IMAGE = ("dgx-spark/vllm-serving:current", "sha256:" + "ab" * 32, "the key changed")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from ansible.errors import AnsibleFilterError
-from ansible_collections.dgx_spark.cluster.plugins.filter import vllm_serve_memory as f
+from ansible_collections.dgx_spark.cluster.plugins.plugin_utils import vllm_serve_memory as f
 from support.captures import tool_output
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "vllm_serve"

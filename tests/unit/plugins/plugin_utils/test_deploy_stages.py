@@ -153,11 +153,14 @@ def test_preflight_and_every_stage_guard_ask_the_filters():
     """Both with the in-step check's first stage: a full run's stages before it end too."""
     preflight = (ROOT / "playbooks/preflight.yml").read_text()
     assert "_preflight_first: \"{{ deploy_state_first_stage | default('') }}\"" in preflight
-    assert "dgx_spark.cluster.deploy_stages_roles(_preflight_skip, _preflight_first)" in preflight
+    assert (
+        "dgx_spark.cluster.deploy_state('stages_roles', _preflight_skip, _preflight_first)"
+        in preflight
+    )
     assert "ansible_skip_tags | list + ([] if spark_monitoring | default(false) | bool" in preflight
     guard = (ROOT / "playbooks/tasks/in_step_guard.yml").read_text()
     assert (
-        "dgx_spark.cluster.deploy_stages_reached(ansible_skip_tags, "
+        "dgx_spark.cluster.deploy_state('stages_reached', ansible_skip_tags, "
         "deploy_state_first_stage | default(''))" in " ".join(guard.split())
     )
     # monitoring.yml's plays have no guard: deploy.yml enters them only with spark_monitoring.

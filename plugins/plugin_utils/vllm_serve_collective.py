@@ -1,7 +1,7 @@
 # Copyright: contributors to the dgx_spark.cluster collection
 # SPDX-License-Identifier: GPL-3.0-or-later
 """Filters of vllm_serve's two-rank collective; thin wrappers over
-plugins/module_utils/rank_collective.py (documented in the sidecar YAML files next to this one)."""
+plugins/module_utils/rank_collective.py (the vllm_serve filter's operations)."""
 
 from __future__ import annotations
 
@@ -47,13 +47,3 @@ def vllm_serve_collective_check(
 def vllm_serve_collective_record(parsed, image_id, digest, checked_at):
     """The record a node keeps after the collective passed."""
     return rank_collective.record(str(image_id), str(digest), dict(parsed), str(checked_at))
-
-
-class FilterModule:
-    def filters(self):
-        return {
-            "vllm_serve_collective_check": vllm_serve_collective_check,
-            "vllm_serve_collective_digest": vllm_serve_collective_digest,
-            "vllm_serve_collective_plan": vllm_serve_collective_plan,
-            "vllm_serve_collective_record": vllm_serve_collective_record,
-        }

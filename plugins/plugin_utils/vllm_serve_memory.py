@@ -1,8 +1,7 @@
 # Copyright: contributors to the dgx_spark.cluster collection
 # SPDX-License-Identifier: GPL-3.0-or-later
 """Filters exposing plugins/module_utils/spark_memory.py to the vllm_serve role: the memory
-and CMA checks that run before the serving group is stopped (documented in the sidecar YAML
-files next to this one)."""
+and CMA checks that run before the serving group is stopped (the vllm_serve filter's operations)."""
 
 from __future__ import annotations
 
@@ -37,12 +36,3 @@ def vllm_serve_cma_check(meminfo, host=""):
         return spark_memory.check_cma(str(meminfo), str(host))
     except ValueError as exc:
         raise AnsibleFilterError(f"{host}: CMA check: {exc}") from exc
-
-
-class FilterModule:
-    def filters(self):
-        return {
-            "vllm_serve_memory_setting_errors": vllm_serve_memory_setting_errors,
-            "vllm_serve_memory_check": vllm_serve_memory_check,
-            "vllm_serve_cma_check": vllm_serve_cma_check,
-        }
