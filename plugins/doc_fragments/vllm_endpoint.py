@@ -8,7 +8,9 @@ from __future__ import annotations
 
 
 class ModuleDocFragment:
-    DOCUMENTATION = r"""
+    # The server's address and key: every module that asks the endpoint (vllm_soak takes only
+    # these, as dgx_spark.cluster.vllm_endpoint.address).
+    ADDRESS = r"""
 options:
   url:
     description: Base URL of the OpenAI-compatible server, without C(/v1), as the node reaches it.
@@ -19,6 +21,11 @@ options:
       - The server's API key (C(vllm_serve_api_key)), sent as a bearer token; empty sends none.
     type: str
     default: ""
+"""
+
+    # The rest of what vllm_endpoint and vllm_endpoint_info share, beside ADDRESS.
+    DOCUMENTATION = r"""
+options:
   model:
     description:
       - Served model name to ask for the completion.

@@ -10,6 +10,7 @@ name: collection_digest
 short_description: Digest of this collection's roles, plugins and playbooks
 version_added: "0.1.0"
 description:
+  - Internal to the collection (the in-step check of C(deploy.yml)), not a stable interface.
   - One SHA-256 over the names and contents of every file under C(roles/), C(plugins/) and
     C(playbooks/) of the installed collection, and its C(deploy.yml).
   - The rule, so that anyone can recompute it. Take those files' paths relative to the

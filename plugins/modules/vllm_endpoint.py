@@ -31,6 +31,7 @@ attributes:
 requirements:
   - Docker SDK for Python (the C(docker) package) on the node, when O(watch) is not empty.
 extends_documentation_fragment:
+  - dgx_spark.cluster.vllm_endpoint.address
   - dgx_spark.cluster.vllm_endpoint
 options:
   timeout:

@@ -30,6 +30,7 @@ attributes:
     support: none
     description: Nothing is changed, so there is no diff.
 extends_documentation_fragment:
+  - dgx_spark.cluster.vllm_endpoint.address
   - dgx_spark.cluster.vllm_endpoint
 options:
   completion:

@@ -29,16 +29,9 @@ attributes:
   diff_mode:
     support: none
     description: Nothing is changed, so there is no diff.
+extends_documentation_fragment:
+  - dgx_spark.cluster.vllm_endpoint.address
 options:
-  url:
-    description: Base URL of the OpenAI-compatible server, without C(/v1), as the node reaches it.
-    type: str
-    default: http://127.0.0.1:8000
-  api_key:
-    description:
-      - The server's API key (C(vllm_serve_api_key)), sent as a bearer token; empty sends none.
-    type: str
-    default: ""
   model:
     description: Served model name the completions ask for.
     type: str

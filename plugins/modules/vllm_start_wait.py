@@ -42,6 +42,7 @@ attributes:
 requirements:
   - Docker SDK for Python (the C(docker) package) on the node.
 extends_documentation_fragment:
+  - dgx_spark.cluster.vllm_endpoint.address
   - dgx_spark.cluster.vllm_endpoint
 options:
   watch:

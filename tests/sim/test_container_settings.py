@@ -12,8 +12,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import yaml
 from conftest import _answers, on_node
+
+# Two whole deploys (about four minutes): a drill, run by `make test-drills`, not `make test`.
+pytestmark = pytest.mark.drill
+
 
 INVENTORY = Path(__file__).resolve().parents[2] / "inventories" / "sim"
 KEY = "DGX_SPARK_TAKEN_AWAY"

@@ -20,6 +20,11 @@ import pytest
 from conftest import _answers, run_playbook
 from conftest import playbook_report as playbook
 
+# The host preparation's tear-down and the deploy after it (about four minutes): a drill,
+# run by `make test-drills`, not by `make test`.
+DRILL = pytest.mark.drill
+
+
 MODEL_DIR = "/var/lib/dgx-spark/models/tiny-qwen3-moe"
 RECORD = "/var/lib/dgx-spark/models/.verified/tiny-qwen3-moe.json"
 COMM_ENV = "/etc/dgx-spark/comm.env"
@@ -215,6 +220,7 @@ def host_prep_teardown(teardown, hosts, nodes, owner_key):
             drop_lines(host, path, line)
 
 
+@DRILL
 def test_host_prep_kept_the_owners_netplan_file_and_made_its_own(host_prep_teardown):
     before, _report, _after, _again = host_prep_teardown
     for name, state in before.items():
@@ -228,6 +234,7 @@ def test_host_prep_kept_the_owners_netplan_file_and_made_its_own(host_prep_teard
     assert before["spark-1"]["watchdog"], before["spark-1"]
 
 
+@DRILL
 def test_teardown_host_prep_removes_what_host_prep_made(host_prep_teardown):
     _before, report, after, _again = host_prep_teardown
     assert report["rc"] == 0, failures(report)
@@ -247,6 +254,7 @@ def test_teardown_host_prep_removes_what_host_prep_made(host_prep_teardown):
     assert any("hardware-only: skipped netplan apply" in m for m in messages), messages
 
 
+@DRILL
 def test_teardown_host_prep_puts_the_owners_netplan_file_back(host_prep_teardown, hosts):
     _before, _report, after, _again = host_prep_teardown
     for name, state in after.items():
@@ -256,6 +264,7 @@ def test_teardown_host_prep_puts_the_owners_netplan_file_back(host_prep_teardown
         assert (netplan.user, netplan.mode) == ("root", 0o600), name
 
 
+@DRILL
 def test_teardown_host_prep_keeps_the_weights_and_the_owners_lines(host_prep_teardown):
     _before, _report, after, _again = host_prep_teardown
     for name, state in after.items():
@@ -264,6 +273,7 @@ def test_teardown_host_prep_keeps_the_weights_and_the_owners_lines(host_prep_tea
             assert state[own], f"{name}: the owner's {own} went"
 
 
+@DRILL
 def test_a_second_teardown_host_prep_changes_nothing(host_prep_teardown):
     _before, _report, _after, again = host_prep_teardown
     assert again.rc == 0, again.failures() or again.raw[-4000:]
@@ -271,6 +281,7 @@ def test_a_second_teardown_host_prep_changes_nothing(host_prep_teardown):
     assert set(changed.values()) == {0}, again.changed_tasks()
 
 
+@DRILL
 def test_a_deploy_brings_the_pair_back_serving(host_prep_teardown, hosts, nodes):
     """Last in this module: the modules after it need the pair serving."""
     run = run_playbook("deploy.yml")

@@ -94,9 +94,11 @@ def test_the_node_gets_every_file_the_nccl_check_imports(script):
     and hold every name the script (and the sim's stand-in rank) takes from it; the re-run
     planning is link_plan.py's."""
     tasks = yaml.safe_load((ROLE / "tasks" / "verify_nccl_torch.yml").read_text())
-    copy = next(t for t in tasks if "ansible.builtin.copy" in t and "loop" in t)
-    assert [Path(item).name for item in copy["loop"]] == ["nccl_allgather_busbw.py",
-                                                          "link_checks.py"]  # fmt: skip
+    copies = [t["ansible.builtin.copy"] for t in tasks if "ansible.builtin.copy" in t]
+    assert [Path(copy["dest"]).name for copy in copies] == ["nccl_allgather_busbw.py",
+                                                            "link_checks.py"]  # fmt: skip
+    assert copies[0]["src"] == "nccl_allgather_busbw.py"
+    assert "module_utils_source', 'link_checks')" in copies[1]["content"]
     source = ROLE.parents[1] / "plugins" / "module_utils" / "link_checks.py"
     tree = ast.parse(source.read_text())
     imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import)

@@ -237,10 +237,13 @@ def _installed_beside_the_script() -> list[Path]:
         if not copy:
             continue
         for item in task.get("loop", [None]):
-            src = copy["src"].replace("{{ role_path }}", str(REPO / "roles/vllm_serve"))
-            if item is not None:
-                src = src.replace("{{ item }}", item)
-            path = Path(src) if "/" in src else REPO / "roles/vllm_serve/files" / src
+            if "src" in copy:
+                src = copy["src"]
+                path = Path(src) if "/" in src else REPO / "roles/vllm_serve/files" / src
+            else:
+                # A module_utils file, by its name: lookup('...module_utils_source', item).
+                assert "module_utils_source', item)" in copy["content"], copy
+                path = REPO / "plugins/module_utils" / f"{item}.py"
             files.append(path.resolve())
     return files
 

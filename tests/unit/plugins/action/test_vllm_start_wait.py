@@ -192,6 +192,7 @@ def test_the_action_takes_the_options_its_documentation_names():
     from ansible_collections.dgx_spark.cluster.plugins.modules import vllm_start_wait as docs
 
     options = {
+        **yaml.safe_load(vllm_endpoint.ModuleDocFragment.ADDRESS)["options"],
         **yaml.safe_load(vllm_endpoint.ModuleDocFragment.DOCUMENTATION)["options"],
         **yaml.safe_load(docs.DOCUMENTATION)["options"],
     }

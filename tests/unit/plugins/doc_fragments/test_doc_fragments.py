@@ -97,8 +97,20 @@ def test_the_endpoint_options_are_one_spec_the_fragment_documents(monkeypatch):
             else:
                 assert spec[name] is option, (user, name)
 
-    fragment = documentation(ROOT / "plugins/doc_fragments/vllm_endpoint.py")["options"]
+    # Its DOCUMENTATION and its ADDRESS part (the url and key, which vllm_soak takes alone).
+    fragment = {}
+    source = ast.parse((ROOT / "plugins/doc_fragments/vllm_endpoint.py").read_text())
+    for node in ast.walk(source):
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") in (
+            "DOCUMENTATION",
+            "ADDRESS",
+        ):
+            fragment |= yaml.safe_load(node.value.value)["options"]
     assert set(fragment) == set(ENDPOINT_OPTIONS)
+    assert (
+        "dgx_spark.cluster.vllm_endpoint.address"
+        in documentation(ROOT / "plugins/modules/vllm_soak.py")["extends_documentation_fragment"]
+    )
     for name, option in ENDPOINT_OPTIONS.items():
         assert fragment[name]["type"] == option["type"], name
         assert fragment[name].get("default") == option.get("default"), name

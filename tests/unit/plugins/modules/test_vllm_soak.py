@@ -127,7 +127,8 @@ def test_a_frozen_endpoint_fails_at_the_limit_naming_the_stall(monkeypatch):
     assert report["tokens"] == 40
     stall = report["longest_stall"]
     assert stall["ongoing"] and stall["streams"] == [1, 2, 3]
-    assert 1 < stall["seconds"] < 2
+    # The soak stops once no token came for the limit (1 s): the stall it names is that long.
+    assert 1 <= stall["seconds"] < 2
     assert report["msg"].startswith("soak failed: stall of at least 1.")
     assert "limit soak_stall_s 1 s; streams 1, 2, 3 waiting on a request" in report["msg"]
 
