@@ -45,8 +45,9 @@ lint: venv
 	$(BIN)/ruff format --check .
 	$(BIN)/ansible-lint
 
+# On every core: many unit tests wait on an ansible-playbook child or a timed server.
 unit: venv
-	$(BIN)/pytest -q tests/unit
+	$(BIN)/pytest -q -n auto tests/unit
 
 # ansible-test sanity on the collection's own code, with no ignore file (tools/sanity.sh).
 sanity: venv
