@@ -159,7 +159,9 @@ def test_the_dashboard_reads_every_required_panel_from_the_provisioned_source():
     assert len(places) == len(set(places))
 
 
-def test_the_watchdog_writes_its_metrics_for_the_textfile_collector(tmp_path):
+def test_the_watchdog_writes_its_metrics_for_the_textfile_collector(tmp_path, monkeypatch):
+    # On the node the watchdog's module_utils lie beside it (watchdog.yml installs them).
+    monkeypatch.syspath_prepend(str(ROOT / "plugins/module_utils"))
     spec = importlib.util.spec_from_file_location("dgx_spark_watchdog_m", WATCHDOG)
     watchdog = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = watchdog
