@@ -108,7 +108,7 @@ def test_a_failing_collective_stops_before_anything_serving_is_touched(first, no
         "-e",
         "vllm_serve_collective_master_addr=192.0.2.1",
         "-e",
-        "vllm_serve_collective_timeout=20",
+        "vllm_serve_collective_timeout=10",
     )
     assert run.rc != 0, "the run went on past a failed collective"
     # The changed comm setting is what made it due again.

@@ -5,12 +5,14 @@ time. Each test uses a model_cache_dir of its own, removed before and after."""
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import shutil
+import tarfile
 from pathlib import Path
 
 import pytest
-from conftest import playbook_report
+from conftest import on_node, playbook_report
 
 BASE = "/var/lib/dgx-spark/test-model-cache"
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -248,17 +250,24 @@ def test_hf_cache_layout_survives_the_sync(hf_source, hosts, nodes, tiny):
 
 
 def test_worker_copy_without_blobs_fails_verification(hf_source, hosts, nodes, ansible):
-    """The known pitfall, made on purpose on the worker: the module names the dangling links."""
+    """The known pitfall, made on purpose on the worker: the module names the dangling links.
+    The test puts the whole repository on the worker itself (a tar of hf_source, links kept),
+    so it needs no earlier test's sync."""
     worker = nodes[1].name
-    repo = f"{BASE}/hf/{hf_source.name}"
+    repo = f"{BASE}/whole/{hf_source.name}"
     broken = f"{BASE}/broken/{hf_source.name}"
+    packed = io.BytesIO()
+    with tarfile.open(fileobj=packed, mode="w") as tar:
+        tar.add(hf_source, arcname=hf_source.name)
+    on_node(nodes[1], "mkdir", "-p", f"{BASE}/whole")
+    on_node(nodes[1], "tar", "-C", f"{BASE}/whole", "-x", data=packed.getvalue())
     hosts[worker].check_output(
         f"sudo mkdir -p {broken} && sudo cp -a {repo}/snapshots {repo}/refs {broken}/"
     )
-    head = ansible(
-        nodes[0].name, "dgx_spark.cluster.model_manifest", json.dumps({"path": repo}), "--become"
+    whole = ansible(
+        worker, "dgx_spark.cluster.model_manifest", json.dumps({"path": repo}), "--become"
     )
-    expected = head[nodes[0].name]["manifest"]
+    expected = whole[worker]["manifest"]
     res = ansible(
         worker,
         "dgx_spark.cluster.model_manifest",
