@@ -15,8 +15,9 @@ answer (``cache_key``) is the SHA-256 of a canonical JSON of:
 * a digest of the probe itself (its source and the request it is given), so that a new
   collection with a changed probe asks again.
 
-``tree_fingerprint`` is the one part that reads the filesystem; ``cache_key`` is pure over
-what it returned. ``read_entry``, ``write_entry`` and ``prune`` keep the entries, one JSON
+``tree_fingerprint`` (deployment_record's walker, the one the deployment record takes of the
+weights) is the one part that reads the filesystem; ``cache_key`` is pure over what it
+returned. ``read_entry``, ``write_entry`` and ``prune`` keep the entries, one JSON
 file per key, in a directory of the node. Only acceptances are written; the module decides.
 """
 
@@ -26,81 +27,16 @@ import contextlib
 import json
 import os
 import re
-import stat
 import tempfile
 
 from ansible_collections.dgx_spark.cluster.plugins.module_utils.deployment_record import digest
 
-# Beyond this many entries (files and directories) below one volume, taking the fingerprint
-# costs more than it saves; such a configuration is not remembered.
-TREE_LIMIT = 20000
 # Entries kept in the cache directory; the ones used least recently go first.
 KEEP = 32
 # The format of an entry; another value is read as no entry.
 ENTRY_VERSION = 1
 
 _ENTRY_NAME = re.compile(r"^[0-9a-f]{64}\.json$")
-
-
-def _stat_entry(rel: str, path: str, info: os.stat_result) -> list:
-    """[relative path, size, mtime_ns, link target or None]; a link's size and time are those
-    of what it names ([-1, -1] when that does not exist)."""
-    if not stat.S_ISLNK(info.st_mode):
-        return [rel, info.st_size, info.st_mtime_ns, None]
-    target = os.readlink(path)
-    try:
-        followed = os.stat(path)
-    except OSError:
-        return [rel, -1, -1, target]
-    return [rel, followed.st_size, followed.st_mtime_ns, target]
-
-
-def tree_fingerprint(root: str, limit: int = TREE_LIMIT) -> dict:
-    """What the files below ``root`` are now, as data for ``cache_key``.
-
-    ``{"exists", "complete", "entries"}``: ``entries`` lists ``[relative path, size,
-    mtime_ns, link target]`` for every file below ``root``, sorted, ``root`` itself as ``.``
-    when it is a file. Directories are walked but not listed. A link to a file is recorded
-    with the size and time of the file it names (a Hub snapshot's files are links into its
-    blobs); a link to a directory is recorded the same way but not walked, so the walk never
-    leaves the tree. ``complete`` is false when the walk stopped: more than ``limit``
-    entries, or a directory that cannot be read. A ``root`` that does not exist is
-    ``{"exists": False, "complete": True, "entries": []}``.
-    """
-    try:
-        top = os.stat(root)
-    except FileNotFoundError:
-        return {"exists": False, "complete": True, "entries": []}
-    except OSError:
-        return {"exists": True, "complete": False, "entries": []}
-    if not stat.S_ISDIR(top.st_mode):
-        return {"exists": True, "complete": True, "entries": [_stat_entry(".", root, top)]}
-    entries: list[list] = []
-    seen = 0
-    pending = [""]
-    while pending:
-        rel_dir = pending.pop()
-        try:
-            with os.scandir(os.path.join(root, rel_dir) if rel_dir else root) as listing:
-                found = list(listing)
-        except OSError:
-            return {"exists": True, "complete": False, "entries": []}
-        seen += len(found)
-        if seen > limit:
-            return {"exists": True, "complete": False, "entries": []}
-        for item in found:
-            rel = os.path.join(rel_dir, item.name) if rel_dir else item.name
-            try:
-                info = item.stat(follow_symlinks=False)
-            except OSError:
-                entries.append([rel, -1, -1, None])  # gone since the listing
-                continue
-            if stat.S_ISDIR(info.st_mode):
-                pending.append(rel)
-            else:
-                entries.append(_stat_entry(rel, item.path, info))
-    entries.sort(key=lambda entry: entry[0])
-    return {"exists": True, "complete": True, "entries": entries}
 
 
 def volume_host(volume: str) -> str:

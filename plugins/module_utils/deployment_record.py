@@ -34,11 +34,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 
 RANK_COMPONENTS = ("ray", "vllm")
 # deploy.yml's first stage: every stage runs from it (test_deployment_record checks the name).
 FIRST = "host_prep"
 COMPONENT_LABEL = "dgx_spark.cluster.component"
+# Beyond this many entries (files and directories) below one volume, the args check's
+# fingerprint of it costs more than it saves; such a configuration is not remembered.
+TREE_LIMIT = 20000
 SETTINGS_CHANGED = "the settings, inventory or collection changed since the last full deploy"
 STAGE_SETTINGS_CHANGED = "the settings the {} stage reads first changed since the last full deploy"
 NO_RECORD = "no record of a full deploy on this node"
@@ -96,23 +100,78 @@ def file_digest(path: str) -> str:
     return digest.hexdigest()
 
 
-def tree_stat(root: str) -> dict[str, list[int]]:
-    """{relative path: [size, mtime_ns]} of every file below root; links are followed to
-    what they name (a Hub snapshot's files are links into its blobs). Hidden entries
-    (``.verified``, ``.locks``) are bookkeeping, not weights. A dangling link is [-1, -1]."""
-    out: dict[str, list[int]] = {}
-    for directory, dirs, files in os.walk(root):
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-        for name in sorted(files):
-            if name.startswith("."):
-                continue
-            path = os.path.join(directory, name)
+def _stat_entry(rel: str, path: str, info: os.stat_result) -> list:
+    """[relative path, size, mtime_ns, link target or None]; a link's size and time are those
+    of what it names ([-1, -1] when that does not exist)."""
+    if not stat.S_ISLNK(info.st_mode):
+        return [rel, info.st_size, info.st_mtime_ns, None]
+    target = os.readlink(path)
+    try:
+        followed = os.stat(path)
+    except OSError:
+        return [rel, -1, -1, target]
+    return [rel, followed.st_size, followed.st_mtime_ns, target]
+
+
+def tree_fingerprint(root: str, limit: int | None = TREE_LIMIT, hidden: bool = True) -> dict:
+    """What the files below ``root`` are now, as data for ``cache_key``.
+
+    ``{"exists", "complete", "entries"}``: ``entries`` lists ``[relative path, size,
+    mtime_ns, link target]`` for every file below ``root``, sorted, ``root`` itself as ``.``
+    when it is a file. Directories are walked but not listed. A link to a file is recorded
+    with the size and time of the file it names (a Hub snapshot's files are links into its
+    blobs); a link to a directory is recorded the same way but not walked, so the walk never
+    leaves the tree. ``complete`` is false when the walk stopped: more than ``limit``
+    entries, or a directory that cannot be read. A ``root`` that does not exist is
+    ``{"exists": False, "complete": True, "entries": []}``. With ``hidden`` false, entries
+    whose name starts with a dot (and what lies below them) are left out; ``limit`` None walks
+    the whole tree.
+    """
+    try:
+        top = os.stat(root)
+    except FileNotFoundError:
+        return {"exists": False, "complete": True, "entries": []}
+    except OSError:
+        return {"exists": True, "complete": False, "entries": []}
+    if not stat.S_ISDIR(top.st_mode):
+        return {"exists": True, "complete": True, "entries": [_stat_entry(".", root, top)]}
+    entries: list[list] = []
+    seen = 0
+    pending = [""]
+    while pending:
+        rel_dir = pending.pop()
+        try:
+            with os.scandir(os.path.join(root, rel_dir) if rel_dir else root) as listing:
+                found = list(listing)
+        except OSError:
+            return {"exists": True, "complete": False, "entries": []}
+        if not hidden:
+            found = [item for item in found if not item.name.startswith(".")]
+        seen += len(found)
+        if limit is not None and seen > limit:
+            return {"exists": True, "complete": False, "entries": []}
+        for item in found:
+            rel = os.path.join(rel_dir, item.name) if rel_dir else item.name
             try:
-                info = os.stat(path)
-                out[os.path.relpath(path, root)] = [info.st_size, info.st_mtime_ns]
+                info = item.stat(follow_symlinks=False)
             except OSError:
-                out[os.path.relpath(path, root)] = [-1, -1]
-    return out
+                entries.append([rel, -1, -1, None])  # gone since the listing
+                continue
+            if stat.S_ISDIR(info.st_mode):
+                pending.append(rel)
+            else:
+                entries.append(_stat_entry(rel, item.path, info))
+    entries.sort(key=lambda entry: entry[0])
+    return {"exists": True, "complete": True, "entries": entries}
+
+
+def tree_stat(root: str) -> dict[str, list[int]]:
+    """{relative path: [size, mtime_ns]} of every file below root, from ``tree_fingerprint``:
+    links are followed to what they name (a Hub snapshot's files are links into its blobs).
+    Hidden entries (``.verified``, ``.locks``) are bookkeeping, not weights, and are left out.
+    A dangling link is [-1, -1]."""
+    walked = tree_fingerprint(root, limit=None, hidden=False)
+    return {rel: [size, mtime] for rel, size, mtime, _link in walked["entries"]}
 
 
 def digest(value, length: int | None = None, plain: bool = False) -> str:

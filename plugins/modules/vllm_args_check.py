@@ -248,9 +248,11 @@ from ansible_collections.dgx_spark.cluster.plugins.module_utils.args_check_cache
     prune,
     read_entry,
     touch_entry,
-    tree_fingerprint,
     volume_host,
     write_entry,
+)
+from ansible_collections.dgx_spark.cluster.plugins.module_utils.deployment_record import (  # noqa: E402
+    tree_fingerprint,
 )
 from ansible_collections.dgx_spark.cluster.plugins.module_utils.image_run import (  # noqa: E402
     ImageRunError as CheckError,

@@ -9,6 +9,7 @@ import stat
 
 import pytest
 from ansible_collections.dgx_spark.cluster.plugins.module_utils import args_check_cache as acc
+from ansible_collections.dgx_spark.cluster.plugins.module_utils import deployment_record as dr
 from ansible_collections.dgx_spark.cluster.plugins.module_utils.vllm_args_probe import (
     args_probe_entrypoint,
     args_probe_request,
@@ -129,7 +130,7 @@ def test_fingerprint_lists_every_file_with_size_and_time(tmp_path):
     (tmp_path / ".hidden").write_text("x")
     (tmp_path / "sub" / "deeper" / "w.bin").write_bytes(b"12345")
     os.utime(tmp_path / "config.json", ns=(1, 1_000_000_007))
-    got = acc.tree_fingerprint(str(tmp_path))
+    got = dr.tree_fingerprint(str(tmp_path))
     assert got["exists"] and got["complete"]
     by_path = {e[0]: e for e in got["entries"]}
     assert sorted(by_path) == [".hidden", "config.json", os.path.join("sub", "deeper", "w.bin")]
@@ -142,10 +143,10 @@ def test_fingerprint_lists_every_file_with_size_and_time(tmp_path):
 def test_fingerprint_sees_a_file_rewritten_in_place(tmp_path):
     (tmp_path / "config.json").write_text('{"a": 1}')
     os.utime(tmp_path / "config.json", ns=(1, 10))
-    before = acc.tree_fingerprint(str(tmp_path))
+    before = dr.tree_fingerprint(str(tmp_path))
     (tmp_path / "config.json").write_text('{"a": 2}')
     os.utime(tmp_path / "config.json", ns=(1, 20))
-    after = acc.tree_fingerprint(str(tmp_path))
+    after = dr.tree_fingerprint(str(tmp_path))
     assert before != after
     assert key(trees={MODEL: before}) != key(trees={MODEL: after})
 
@@ -161,7 +162,7 @@ def test_fingerprint_stats_linked_files_but_does_not_walk_linked_directories(tmp
     (tree / "weights.safetensors").symlink_to(blob)
     (tree / "elsewhere").symlink_to(outside, target_is_directory=True)
     (tree / "dangling").symlink_to(tmp_path / "nothing")
-    got = acc.tree_fingerprint(str(tree))
+    got = dr.tree_fingerprint(str(tree))
     by_path = {e[0]: e for e in got["entries"]}
     assert by_path["weights.safetensors"][1:] == [42, blob.stat().st_mtime_ns, str(blob)]
     assert by_path["dangling"][1:] == [-1, -1, str(tmp_path / "nothing")]
@@ -171,7 +172,7 @@ def test_fingerprint_stats_linked_files_but_does_not_walk_linked_directories(tmp
 
 
 def test_fingerprint_of_a_missing_path(tmp_path):
-    got = acc.tree_fingerprint(str(tmp_path / "none"))
+    got = dr.tree_fingerprint(str(tmp_path / "none"))
     assert got == {"exists": False, "complete": True, "entries": []}
     assert key(trees={MODEL: got}) is not None
 
@@ -179,15 +180,15 @@ def test_fingerprint_of_a_missing_path(tmp_path):
 def test_fingerprint_of_a_file(tmp_path):
     path = tmp_path / "template.jinja"
     path.write_text("{{ x }}")
-    got = acc.tree_fingerprint(str(path))
+    got = dr.tree_fingerprint(str(path))
     assert got["entries"] == [[".", 7, path.stat().st_mtime_ns, None]]
 
 
 def test_fingerprint_of_a_large_tree_is_incomplete(tmp_path):
     for index in range(6):
         (tmp_path / f"f{index}").write_text("x")
-    assert acc.tree_fingerprint(str(tmp_path), limit=6)["complete"] is True
-    too_many = acc.tree_fingerprint(str(tmp_path), limit=5)
+    assert dr.tree_fingerprint(str(tmp_path), limit=6)["complete"] is True
+    too_many = dr.tree_fingerprint(str(tmp_path), limit=5)
     assert too_many["complete"] is False
     assert key(trees={MODEL: too_many}) is None
 
@@ -196,8 +197,8 @@ def test_directories_count_towards_the_limit(tmp_path):
     for index in range(3):
         (tmp_path / f"d{index}").mkdir()
     (tmp_path / "d0" / "f").write_text("x")
-    assert acc.tree_fingerprint(str(tmp_path), limit=4)["complete"] is True
-    assert acc.tree_fingerprint(str(tmp_path), limit=3)["complete"] is False
+    assert dr.tree_fingerprint(str(tmp_path), limit=4)["complete"] is True
+    assert dr.tree_fingerprint(str(tmp_path), limit=3)["complete"] is False
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root reads any directory")
@@ -207,7 +208,7 @@ def test_fingerprint_of_an_unreadable_directory_is_incomplete(tmp_path):
     (locked / "f").write_text("x")
     locked.chmod(0)
     try:
-        assert acc.tree_fingerprint(str(tmp_path))["complete"] is False
+        assert dr.tree_fingerprint(str(tmp_path))["complete"] is False
     finally:
         locked.chmod(stat.S_IRWXU)
 
