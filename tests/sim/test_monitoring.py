@@ -1,10 +1,11 @@
-"""Monitoring on the simulated pair, for real: deploy.yml with spark_monitoring on runs
-Prometheus (Debian's package, from the sim's monitoring image) on the head and a node exporter
-on both nodes; load is sent; Prometheus's API holds vLLM's request and token counters and both
-nodes' memory; every dashboard panel reads metrics it holds; the firewall keeps the node
-exporter to the head; stopping the serving container fires ServingEndpointDown (timed).
-Afterwards serving is restored and monitoring removed (playbooks/monitoring.yml with
-spark_monitoring false), so the pair is left as it was found."""
+"""Monitoring on the simulated pair, for real: the monitoring stage (playbooks/monitoring.yml,
+which deploy.yml runs with spark_monitoring on) runs Prometheus (Debian's package, from the
+sim's monitoring image) on the head and a node exporter on both nodes; load is sent;
+Prometheus's API holds vLLM's request and token counters and both nodes' memory; every
+dashboard panel reads metrics it holds; the firewall keeps the node exporter to the head;
+stopping the serving container fires ServingEndpointDown (timed, a drill). Afterwards
+deploy.yml with the inventory's spark_monitoring (false) removes monitoring, and the pair is in
+step with the inventory again."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ SIM_MON = yaml.safe_load((ROOT / "inventories/sim/group_vars/all/monitoring.yml"
 DASHBOARD = json.loads((ROOT / "roles/monitoring/files/dgx_spark_dashboard.json").read_text())
 PORT = 9090
 ON = ("-e", "spark_monitoring=true")
+PROMETHEUS_DATA = "/var/lib/dgx-spark/monitoring/prometheus"
 COUNTERS = ("vllm:request_success_total", "vllm:generation_tokens_total")
 
 
@@ -65,24 +67,33 @@ def wait_for(what: str, check, timeout: float, step: float = 2.0):
 
 
 @pytest.fixture(scope="module")
-def monitored(sim, nodes):
-    """The pair deployed with monitoring on (a whole run, whatever the record says: it also
-    brings back what test_teardown, the module before, removed); monitoring removed again
-    afterwards."""
+def monitored(sim, deployed_pair):
+    """The pair serving in step (deployed_pair), then monitoring on through its own stage:
+    playbooks/monitoring.yml, the playbook deploy.yml runs with spark_monitoring true, which
+    loads host_prep's table with the monitoring ports before it starts anything. Afterwards
+    deploy.yml with the inventory's spark_monitoring (false) removes it, and the pair is in
+    step again: no container or table rule of the monitoring is left."""
+    nodes = deployed_pair
     sim.monitoring(build_only=False)
-    run = run_playbook("deploy.yml", *ON)
+    run = run_playbook("playbooks/monitoring.yml", *ON)
     assert run.rc == 0, run.failures() or run.raw[-4000:]
-    print(f"\ndeploy.yml with spark_monitoring=true: {run.seconds:.0f}s")
-    assert _answers(nodes), "the pair does not serve after deploy.yml"
+    print(f"\nplaybooks/monitoring.yml with spark_monitoring=true: {run.seconds:.0f}s")
+    assert _answers(nodes), "the pair does not serve after playbooks/monitoring.yml"
     yield nodes
-    off = run_playbook("playbooks/monitoring.yml", "-e", "spark_monitoring=false",
-                       "-e", "monitoring_purge_data=true")  # fmt: skip
+    # Off as an owner turns it off: the inventory's spark_monitoring (false) and deploy.yml,
+    # whose monitoring stage removes what the run with it true started. Prometheus's data
+    # stays, as for an owner; the test removes it afterwards.
+    off = run_playbook("deploy.yml")
     assert off.rc == 0, off.failures() or off.raw[-4000:]
     for node in nodes:
         names = on_node(node, "docker", "ps", "-a", "--format", "{{.Names}}").stdout.split()
         assert not {"dgx-spark-prometheus", "dgx-spark-node-exporter"} & set(names), node.name
         table = on_node(node, "nft", "list", "table", "inet", "dgx_spark").stdout
         assert "scrapers" not in table and "9100" not in table, node.name
+    on_node(nodes[0], "rm", "-rf", PROMETHEUS_DATA)
+    check = run_playbook("playbooks/in_step.yml")
+    said = [r.get("msg", "") for name, _h, r in check.results() if name == "Report it"]
+    assert check.rc == 0 and said and str(said[0]).startswith("In step"), said or check.raw[-3000:]
 
 
 def test_a_second_run_changes_nothing(monitored):
@@ -212,7 +223,7 @@ def test_measure_prometheus_memory_and_disk(monitored):
     tsdb = prom(head, "/api/v1/status/tsdb")["headStats"]
     mem = on_node(head, "docker", "stats", "--no-stream", "--format", "{{.MemUsage}}",
                   "dgx-spark-prometheus").stdout.strip()  # fmt: skip
-    disk = on_node(head, "du", "-sb", "/var/lib/dgx-spark/monitoring/prometheus").stdout.split()[0]
+    disk = on_node(head, "du", "-sb", PROMETHEUS_DATA).stdout.split()[0]
     interval = float(SIM_MON["monitoring_scrape_interval"].rstrip("s"))
     per_day = tsdb["numSeries"] * 86400 / interval
     print(

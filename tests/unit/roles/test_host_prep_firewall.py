@@ -368,6 +368,7 @@ def test_validate_decides_and_checks_before_any_change_and_firewall_does_not_che
 
 def test_firewall_reads_only_what_validate_decided_or_it_registers_itself():
     registered = {t["register"] for t in FIREWALL if "register" in t}
+    registered |= {k for t in FIREWALL for k in t.get("ansible.builtin.set_fact", {})}
     loop_vars = {t["loop_control"]["loop_var"] for t in FIREWALL if "loop_control" in t}
     template = (ROLE / "templates/firewall.nft.j2").read_text()
     decided = {k for t in TASKS for k in t.get("ansible.builtin.set_fact", {})}
