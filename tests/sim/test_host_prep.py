@@ -378,3 +378,146 @@ def test_hardware_path_with_stand_ins(runs, ansible, hosts, images, tmp_path):
         for host in hosts.values():
             host.run(f"sudo rm -rf {STANDIN_DIR} {STANDIN_NETPLAN}*")
             host.run(f"sudo docker rmi -f {STANDIN_NCCL_IMAGE}")
+
+
+def _running_containers(hosts) -> dict[str, dict[str, tuple[str, str]]]:
+    """Each node's running containers: name -> (ID, start time)."""
+    out = {}
+    for name, host in hosts.items():
+        text = host.check_output(
+            "sudo docker ps -q | xargs -r sudo docker inspect "
+            "--format '{{.Name}} {{.Id}} {{.State.StartedAt}}'"
+        )
+        rows = [line.split() for line in text.splitlines() if line.strip()]
+        out[name] = {row[0].lstrip("/"): (row[1], row[2]) for row in rows}
+    return out
+
+
+# A second twin made for the drill on each node (a veth pair, so it is up while its peer end
+# is): taking down the sim's only fast link would cut the serving group's own traffic, and the
+# serving containers could restart because of the drill rather than host_prep.
+DRILL_TWIN = "twin1"
+DRILL_TWIN_LINKS = (
+    '{"host_prep_cx7_links": [{"netdev": "auto", "address": "{{ spark_fast_ip }}/24"},'
+    ' {"netdev": "twin1", "address": "{{ \'172.30.243.11/24\' if inventory_hostname =='
+    " 'spark-1' else '172.30.243.12/24' }}\"}]}"
+)
+DRILL_TWIN_ADDRESS = {"spark-1": "172.30.243.11/24", "spark-2": "172.30.243.12/24"}
+BAD_HCA = "roce_nosuch0"
+
+
+@pytest.mark.drill
+def test_link_gate_refuses_before_serving_is_touched(
+    serving_pair, ansible, hosts, nodes, images, tmp_path
+):
+    """The link gate on the stand-ins, which read the node's own interfaces
+    (host_prep_standins/README.md), refuses (a) comm.env's NCCL_IB_HCA naming a device the
+    node lacks: NCCL falls back to NET/Socket and the NCCL check fails naming it; (b) a twin
+    down on one node: the check that every pinned twin's RoCE device is Up (ibdev2netdev,
+    in the validation that runs before any change) fails naming it. Neither refusal stops or
+    starts a serving container."""
+    fixtures = ROOT / "tests/unit/fixtures/host_prep"
+    bundle = tmp_path / "standins"
+    bundle.mkdir()
+    for src in [*STANDINS.iterdir(), *(fixtures / n for n in (
+        "ethtool_spark_200g_speed.txt", "ib_write_bw_spark_rocep1s0f1.txt",
+        "nvidia_smi_gb10.txt"))]:  # fmt: skip
+        shutil.copy2(src, bundle / src.name)
+    wrapper = tmp_path / "hardware.yml"
+    wrapper.write_text(
+        yaml.safe_dump(
+            [
+                {
+                    "name": "host_prep with stand-ins for the Spark's tools",
+                    "hosts": "sparks",
+                    "gather_facts": False,
+                    "any_errors_fatal": True,
+                    "environment": {"PATH": f"{STANDIN_DIR}:/usr/sbin:/usr/bin:/sbin:/bin"},
+                    "vars": {"spark_hardware": True},
+                    "roles": [{"role": "dgx_spark.cluster.host_prep"}],
+                }
+            ]
+        )
+    )
+    extra = [
+        *("-e", f"host_prep_netplan_file={STANDIN_NETPLAN}"),
+        *("-e", f"host_prep_comm_env_file={STANDIN_DIR}/comm.env"),
+        *("-e", f"host_prep_check_dir={STANDIN_DIR}/checks"),
+        *("-e", f"host_prep_nccl_image={STANDIN_NCCL_IMAGE}"),
+        *("-e", "host_prep_nvidia_runtime_package=docker.io"),
+        *("-e", "host_prep_rdma_package=docker.io"),
+        *("-e", "host_prep_nvidia_runtime=runc"),
+        *("-e", "host_prep_rdma_duration_s=1"),
+        *("--skip-tags", "host_prep_trust"),
+    ]
+    before = _running_containers(hosts)
+    # The pair serves (serving_pair): a Ray container on each node, vLLM on the head.
+    assert "dgx-spark-vllm" in before["spark-1"], before
+    assert all("dgx-spark-ray" in running for running in before.values()), before
+    try:
+        done = ansible(
+            "sparks", "ansible.builtin.copy", f"src={bundle}/ dest={STANDIN_DIR}/ mode=preserve"
+        )
+        assert not any(r.get("failed") for r in done.values()), done
+        for host in hosts.values():
+            host.check_output(
+                f"sudo docker build -q -t {STANDIN_NCCL_IMAGE} "
+                f"--build-arg BASE={images.CLUSTER_IMAGE} "
+                f"-f {STANDIN_DIR}/Dockerfile.nccl {STANDIN_DIR}"
+            )
+
+        # (a) comm.env names a RoCE device the node lacks: NCCL runs on sockets.
+        bad = playbook(
+            *extra,
+            *("-e", "host_prep_link_check=always"),
+            *("-e", json.dumps({"host_prep_comm_env_extra": {"NCCL_IB_HCA": BAD_HCA}})),
+            path=str(wrapper),
+        )
+        assert bad.rc != 0
+        gate = "Require the NCCL all_gather over NET/IB on the configured twins, above the floor"
+        failed = {(n, h) for n, h, r in bad.results() if r.get("failed")}
+        assert failed == {(gate, "spark-1"), (gate, "spark-2")}, bad.failures()
+        for node in nodes:
+            fast = _iface_with(hosts[node.name], node.fast_ip)["ifname"]
+            said = [f for f in bad.failures() if f.startswith(f"{node.name}: ")]
+            assert any(
+                f"over Socket transport: FAIL: NCCL used NET/Socket over {fast}, but NCCL_IB_HCA "
+                f"in comm.env names {BAD_HCA} over NET/IB" in f
+                for f in said
+            ), said
+        assert "Record the passed link check" not in {n for n, _h, _r in bad.results()}
+        assert _running_containers(hosts) == before
+
+        # (b) One twin down on one node: ibdev2netdev shows it Down and the check refuses.
+        for name, host in hosts.items():
+            host.check_output(
+                f"sudo sh -c 'ip link add {DRILL_TWIN} type veth peer name {DRILL_TWIN}-peer"
+                f" && ip addr add {DRILL_TWIN_ADDRESS[name]} dev {DRILL_TWIN}"
+                f" && ip link set {DRILL_TWIN}-peer mtu 9000 up"
+                f" && ip link set {DRILL_TWIN} mtu 9000 up'"
+            )
+        hosts["spark-2"].check_output(f"sudo ip link set {DRILL_TWIN} down")
+        down = playbook(*extra, "-e", DRILL_TWIN_LINKS, path=str(wrapper))
+        assert down.rc != 0
+        gate = "Require the cabled port's twins Up, and every pinned name Up"
+        failed = {(n, h) for n, h, r in down.results() if r.get("failed")}
+        assert failed == {(gate, "spark-2")}, down.failures()
+        assert any(
+            f"spark-2: host_prep_cx7_links[1].netdev is pinned to {DRILL_TWIN}, which "
+            "ibdev2netdev shows Down" in f
+            for f in down.failures()
+        ), down.failures()
+        # The same check passed where the twin is up: the refusal is the down state's.
+        head = [r for n, h, r in down.results() if (n, h) == (gate, "spark-1")]
+        passed = [bool(r.get("failed")) for r in head]
+        assert passed == [False], passed
+        assert down.changed() == {"spark-1": 0, "spark-2": 0}, down.changed_tasks()
+        assert "Render the netplan file for the ConnectX-7 twins" not in {
+            n for n, _h, _r in down.results()
+        }
+        assert _running_containers(hosts) == before
+    finally:
+        for host in hosts.values():
+            host.run(f"sudo ip link del {DRILL_TWIN}")
+            host.run(f"sudo rm -rf {STANDIN_DIR} {STANDIN_NETPLAN}*")
+            host.run(f"sudo docker rmi -f {STANDIN_NCCL_IMAGE}")
