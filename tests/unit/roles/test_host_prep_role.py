@@ -223,3 +223,14 @@ def test_script_report_line(script):
     assert line["decision"] == {"passed": False, "message": "m", "reasons": ["r"]}
     assert (line["iters"], line["warmup"]) == (2, 5)
     assert (line["transport"], line["nccl"]) == ("gloo", merged)
+
+
+def test_the_link_check_phase_alone_derives_the_comm_environment_it_reads():
+    """`--tags host_prep_verify` alone: verify.yml reads host_prep_comm_env, which comm_env.yml
+    (the host_prep_network phase) sets; its derivation must carry the verify phase's tag too,
+    or that run fails on an undefined variable."""
+    verify = "\n".join(p.read_text() for p in ROLE.glob("tasks/verify*.yml"))
+    assert "host_prep_comm_env" in verify
+    tasks = yaml.safe_load((ROLE / "tasks/comm_env.yml").read_text())
+    (derive,) = [t for t in tasks if "host_prep_comm_env" in t.get("ansible.builtin.set_fact", {})]
+    assert "host_prep_verify" in derive.get("tags", []), derive
