@@ -10,8 +10,11 @@ running group keeps serving.
 
 from __future__ import annotations
 
+import io
 import json
 import re
+import tarfile
+from pathlib import Path
 
 import pytest
 from conftest import node_image_id, on_node, run_playbook
@@ -21,6 +24,8 @@ RECORD = "/etc/dgx-spark/vllm/collective.json"
 ALIAS = "dgx-spark/vllm-serving:current"
 DECIDED = "Say whether the collective runs"
 STOPPED = "Stop before anything serving is touched when the collective failed or hung"
+WRONG_SUM = Path(__file__).resolve().parent / "collective_wrong_sum"
+WRONG_SUM_IMAGE = "dgxsim-collective/wrong-sum:latest"
 
 
 def serve(*extra: str):
@@ -136,3 +141,62 @@ def test_a_failing_collective_stops_before_anything_serving_is_touched(first, no
     # And the pair still serves: one token with the inventory's key, from the same container.
     assert complete(nodes, KEY)
     assert container(nodes[0], "dgx-spark-vllm")["Id"] == serving["Id"]
+
+
+def build_context(folder: Path) -> bytes:
+    """``folder`` as a tar archive, the build context ``docker build -`` reads on stdin."""
+    packed = io.BytesIO()
+    with tarfile.open(fileobj=packed, mode="w") as tar:
+        for path in sorted(folder.iterdir()):
+            tar.add(path, arcname=path.name)
+    return packed.getvalue()
+
+
+@pytest.mark.drill
+def test_a_rank_that_sums_wrong_is_refused_naming_it(first, nodes):
+    """The serving alias moved to an image whose rank 1 (the worker's) adds 1 to what its
+    first all_reduce returned (collective_wrong_sum/: only the collective's own process is
+    touched). The image's new ID makes the collective due; the worker's value check finds its
+    sum wrong, the run stops naming that node, and nothing serving was touched. The alias is
+    put back afterwards, so the pair is as it was."""
+    serving = container(nodes[0], "dgx-spark-vllm")
+    rays = {node.name: container(node, "dgx-spark-ray") for node in nodes}
+    records = {node.name: record(node) for node in nodes}
+    kept = {node.name: node_image_id(node, ALIAS) for node in nodes}
+    context = build_context(WRONG_SUM)
+    try:
+        for node in nodes:
+            on_node(node, "docker", "build", "-q", "-t", WRONG_SUM_IMAGE,
+                    "--build-arg", f"BASE={ALIAS}", "-", data=context)  # fmt: skip
+            on_node(node, "docker", "tag", WRONG_SUM_IMAGE, ALIAS)
+        run = serve()
+    finally:
+        for node in nodes:
+            on_node(node, "docker", "tag", kept[node.name], ALIAS)
+            on_node(node, "docker", "rmi", WRONG_SUM_IMAGE, check=False)
+    assert run.rc != 0, "the run went on past a rank that summed wrong"
+    assert "runs (" in said(run, DECIDED)[0], said(run, DECIDED)
+    failed = [f for f in run.failures() if "two-rank collective" in f]
+    assert failed, run.failures()
+    message = failed[0]
+    print(f"\na rank that sums wrong:\n{message}")
+    # The worker's rank (rank 1) is named with its wrong values; the head's rank passed.
+    worker_line = next(line for line in message.splitlines() if line.startswith("spark-2:"))
+    assert re.search(r"\d+ wrong values after the collective", worker_line), worker_line
+    head_line = next(line for line in message.splitlines() if line.startswith("spark-1:"))
+    assert "wrong values" not in head_line and "backend gloo" in head_line, head_line
+    assert "Nothing serving was touched" in message, message
+    after = container(nodes[0], "dgx-spark-vllm")
+    assert (after["Id"], after["State"]["StartedAt"]) == (
+        serving["Id"],
+        serving["State"]["StartedAt"],
+    )
+    for node in nodes:
+        ray = container(node, "dgx-spark-ray")
+        assert (ray["Id"], ray["State"]["StartedAt"]) == (
+            rays[node.name]["Id"],
+            rays[node.name]["State"]["StartedAt"],
+        )
+        assert record(node) == records[node.name]
+        assert node_image_id(node, ALIAS) == kept[node.name]
+    assert complete(nodes, KEY)
