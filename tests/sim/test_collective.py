@@ -144,9 +144,10 @@ def test_a_failing_collective_stops_before_anything_serving_is_touched(first, no
 
 
 def build_context(folder: Path) -> bytes:
-    """``folder`` as a tar archive, the build context ``docker build -`` reads on stdin."""
+    """``folder`` as a tar archive, the build context ``docker build -`` reads on stdin (GNU
+    format: the legacy builder takes a PAX archive, Python's default, for a Dockerfile)."""
     packed = io.BytesIO()
-    with tarfile.open(fileobj=packed, mode="w") as tar:
+    with tarfile.open(fileobj=packed, mode="w", format=tarfile.GNU_FORMAT) as tar:
         for path in sorted(folder.iterdir()):
             tar.add(path, arcname=path.name)
     return packed.getvalue()
