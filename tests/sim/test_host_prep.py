@@ -259,11 +259,9 @@ STANDIN_NETPLAN = "/etc/netplan/41-standin.yaml"
 STANDIN_NCCL_IMAGE = "dgxsim-standin/nccl-check:latest"
 
 
-def test_hardware_path_with_stand_ins(runs, ansible, hosts, images, tmp_path):
-    """The hardware-only tasks run as Ansible tasks with stand-ins for the Spark's tools
-    (host_prep_standins/): netplan apply, the peer check and the rollback, ethtool,
-    ibdev2netdev, ib_write_bw, the NVIDIA runtime and the NCCL check. Files go to other paths
-    than the real run's, and are removed afterwards."""
+def standin_run(tmp_path) -> tuple:
+    """The stand-ins with the fixtures they print, in a folder to copy to the nodes, and a
+    wrapper playbook that runs host_prep with spark_hardware true and them first on PATH."""
     fixtures = ROOT / "tests/unit/fixtures/host_prep"
     bundle = tmp_path / "standins"
     bundle.mkdir()
@@ -271,15 +269,6 @@ def test_hardware_path_with_stand_ins(runs, ansible, hosts, images, tmp_path):
         "ethtool_spark_200g_speed.txt", "ib_write_bw_spark_rocep1s0f1.txt",
         "nvidia_smi_gb10.txt"))]:  # fmt: skip
         shutil.copy2(src, bundle / src.name)
-    done = ansible(
-        "sparks", "ansible.builtin.copy", f"src={bundle}/ dest={STANDIN_DIR}/ mode=preserve"
-    )
-    assert not any(r.get("failed") for r in done.values()), done
-    for host in hosts.values():
-        host.check_output(
-            f"sudo docker build -q -t {STANDIN_NCCL_IMAGE} --build-arg BASE={images.CLUSTER_IMAGE} "
-            f"-f {STANDIN_DIR}/Dockerfile.nccl {STANDIN_DIR}"
-        )
     wrapper = tmp_path / "hardware.yml"
     wrapper.write_text(
         yaml.safe_dump(
@@ -296,6 +285,24 @@ def test_hardware_path_with_stand_ins(runs, ansible, hosts, images, tmp_path):
             ]
         )
     )
+    return bundle, wrapper
+
+
+def test_hardware_path_with_stand_ins(runs, ansible, hosts, images, tmp_path):
+    """The hardware-only tasks run as Ansible tasks with stand-ins for the Spark's tools
+    (host_prep_standins/): netplan apply, the peer check and the rollback, ethtool,
+    ibdev2netdev, ib_write_bw, the NVIDIA runtime and the NCCL check. Files go to other paths
+    than the real run's, and are removed afterwards."""
+    bundle, wrapper = standin_run(tmp_path)
+    done = ansible(
+        "sparks", "ansible.builtin.copy", f"src={bundle}/ dest={STANDIN_DIR}/ mode=preserve"
+    )
+    assert not any(r.get("failed") for r in done.values()), done
+    for host in hosts.values():
+        host.check_output(
+            f"sudo docker build -q -t {STANDIN_NCCL_IMAGE} --build-arg BASE={images.CLUSTER_IMAGE} "
+            f"-f {STANDIN_DIR}/Dockerfile.nccl {STANDIN_DIR}"
+        )
     extra = [
         *("-e", f"host_prep_netplan_file={STANDIN_NETPLAN}"),
         *("-e", f"host_prep_comm_env_file={STANDIN_DIR}/comm.env"),
@@ -416,29 +423,7 @@ def test_link_gate_refuses_before_serving_is_touched(
     down on one node: the check that every pinned twin's RoCE device is Up (ibdev2netdev,
     in the validation that runs before any change) fails naming it. Neither refusal stops or
     starts a serving container."""
-    fixtures = ROOT / "tests/unit/fixtures/host_prep"
-    bundle = tmp_path / "standins"
-    bundle.mkdir()
-    for src in [*STANDINS.iterdir(), *(fixtures / n for n in (
-        "ethtool_spark_200g_speed.txt", "ib_write_bw_spark_rocep1s0f1.txt",
-        "nvidia_smi_gb10.txt"))]:  # fmt: skip
-        shutil.copy2(src, bundle / src.name)
-    wrapper = tmp_path / "hardware.yml"
-    wrapper.write_text(
-        yaml.safe_dump(
-            [
-                {
-                    "name": "host_prep with stand-ins for the Spark's tools",
-                    "hosts": "sparks",
-                    "gather_facts": False,
-                    "any_errors_fatal": True,
-                    "environment": {"PATH": f"{STANDIN_DIR}:/usr/sbin:/usr/bin:/sbin:/bin"},
-                    "vars": {"spark_hardware": True},
-                    "roles": [{"role": "dgx_spark.cluster.host_prep"}],
-                }
-            ]
-        )
-    )
+    bundle, wrapper = standin_run(tmp_path)
     extra = [
         *("-e", f"host_prep_netplan_file={STANDIN_NETPLAN}"),
         *("-e", f"host_prep_comm_env_file={STANDIN_DIR}/comm.env"),
