@@ -17,25 +17,27 @@ answer (``cache_key``) is the SHA-256 of a canonical JSON of:
 
 ``tree_fingerprint`` (deployment_record's walker, the one the deployment record takes of the
 weights) is the one part that reads the filesystem; ``cache_key`` is pure over what it
-returned. ``read_entry``, ``write_entry`` and ``prune`` keep the entries, one JSON
-file per key, in a directory of the node. Only acceptances are written; the module decides.
+returned. ``read_entry``, ``write_entry`` and ``prune`` keep the entries, one record (the
+shape of deployment_record's ``stage_record``) per key, in a directory of the node. Only
+acceptances are written; the module decides.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
-import tempfile
 
-from ansible_collections.dgx_spark.cluster.plugins.module_utils.deployment_record import digest
+from ansible_collections.dgx_spark.cluster.plugins.module_utils.deployment_record import (
+    RECORD_FORMAT,
+    digest,
+    read_stage_record,
+    stage_record,
+    write_record,
+)
 
 # Entries kept in the cache directory; the ones used least recently go first.
 KEEP = 32
-# The format of an entry; another value is read as no entry.
-ENTRY_VERSION = 1
-
 _ENTRY_NAME = re.compile(r"^[0-9a-f]{64}\.json$")
 
 
@@ -77,7 +79,7 @@ def cache_key(
         fingerprints[host] = {"exists": bool(tree.get("exists")), "entries": tree["entries"]}
     return digest(
         {
-            "version": ENTRY_VERSION,
+            "version": RECORD_FORMAT,
             "image_id": image_id,
             "args": [str(a) for a in args],
             "environment": {str(k): str(v) for k, v in environment.items()},
@@ -96,20 +98,19 @@ def entry_path(cache_dir: str, key: str) -> str:
 
 
 def read_entry(cache_dir: str, key: str) -> dict | None:
-    """The entry stored under ``key``: ``{"version", "key", "image_id", "document"}`` (the
-    probe's JSON document), or None when there is none, or it cannot be read or parsed, or it
-    is not such an entry (such a file is ignored)."""
+    """The entry stored under ``key`` (deployment_record's shape: the key as input, the
+    ``image_id`` and the probe's JSON ``document`` kept), or None when there is none, or it
+    cannot be read or parsed, or it is not such an entry (such a file is ignored)."""
     try:
         with open(entry_path(cache_dir, key), encoding="utf-8") as handle:
-            entry = json.load(handle)
-    except (OSError, ValueError):
+            entry = read_stage_record(handle.read(), required=("image_id", "document"))
+    except OSError:
         return None
     if (
-        not isinstance(entry, dict)
-        or entry.get("version") != ENTRY_VERSION
-        or entry.get("key") != key
-        or not isinstance(entry.get("image_id"), str)
-        or not isinstance(entry.get("document"), dict)
+        entry is None
+        or (entry.get("inputs") or {}).get("key") != key
+        or not isinstance(entry["image_id"], str)
+        or not isinstance(entry["document"], dict)
         or not isinstance(entry["document"].get("errors"), dict)
         or not isinstance(entry["document"].get("registries"), dict)
     ):
@@ -118,25 +119,10 @@ def read_entry(cache_dir: str, key: str) -> dict | None:
 
 
 def write_entry(cache_dir: str, key: str, image_id: str, document: dict) -> str:
-    """Store the probe's document under ``key``, atomically (a temporary file in the same
-    directory, then renamed over the entry), mode 0600; the directory is made 0700 when
-    missing. Returns the entry's path."""
-    if not os.path.isdir(cache_dir):
-        os.makedirs(cache_dir, mode=0o700, exist_ok=True)
-        os.chmod(cache_dir, 0o700)
-    entry = {"version": ENTRY_VERSION, "key": key, "image_id": image_id, "document": document}
+    """Store the probe's document under ``key``, atomically, mode 0600 (the directory made
+    0700 when missing). Returns the entry's path."""
     path = entry_path(cache_dir, key)
-    fd, tmp = tempfile.mkstemp(prefix=f".{key}.", suffix=".tmp", dir=cache_dir)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(entry, handle, sort_keys=True, indent=1)
-            handle.write("\n")
-        os.chmod(tmp, 0o600)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    write_record(path, stage_record({"key": key}, image_id=image_id, document=document))
     return path
 
 

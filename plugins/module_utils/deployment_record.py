@@ -1,12 +1,23 @@
 # Copyright: contributors to the dgx_spark.cluster collection
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""What a full run of deploy.yml left on a node, and what differs from it now.
+"""The records the stages keep on a node, and what a full run of deploy.yml left there.
 
-The record (``deployment_state``) holds, per node:
+Every record has one shape (``stage_record``): ``format``, ``inputs`` (what the stage was
+given, resolved), ``digest`` (of the inputs) and what it found or left. ``read_stage_record``
+reads one back, ``inputs_changed`` names the inputs that differ from it, ``write_record``
+writes it atomically. The link check's record (link_plan), the collective's
+(rank_collective), the weights' verification (model_manifest), the args check's answers
+(args_check_cache) and the deployment record below are such records; ``digest`` and
+``tree_fingerprint`` are the one digest and the one walker they all use.
 
-* ``fingerprint``: {stage: digest} of everything the run was given, each stage's digest over
+The deployment record (``deployment_state``) holds, per node, as its inputs:
+
+* {stage: digest} of everything the run was given, each stage's digest over
   the settings that stage is the first to read, the first stage's also over the inventory and
   the collection (deploy_stages.fingerprints);
+
+and what the run left:
+
 * ``containers``: the collection's containers (ID, image, component, running, start, restarts);
 * ``images``: the IDs behind the references the stages read (the serving alias, the cluster
   base and the donor): a donor pulled anew changes what the images stage would build;
@@ -31,11 +42,15 @@ Pure standard library; the module reads Docker and the files.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import stat
+import tempfile
 
+# The shape of every record (stage_record); a record of another format is read as none.
+RECORD_FORMAT = 1
 RANK_COMPONENTS = ("ray", "vllm")
 # deploy.yml's first stage: every stage runs from it (test_deployment_record checks the name).
 FIRST = "host_prep"
@@ -182,6 +197,57 @@ def digest(value, length: int | None = None, plain: bool = False) -> str:
     return hashlib.sha256(text.encode("ascii")).hexdigest()[:length]
 
 
+def stage_record(inputs: dict, **kept) -> dict:
+    """What a stage keeps on a node: ``format``, ``inputs`` (what it was given, resolved),
+    ``digest`` (16 hex digits of the inputs' digest) and what it found or left (``kept``)."""
+    return {"format": RECORD_FORMAT, "inputs": inputs, "digest": digest(inputs, 16), **kept}
+
+
+def read_stage_record(text: str | None, required=()) -> dict | None:
+    """A record from its JSON text, or None when absent, unreadable, of another format, with
+    ``inputs`` that are no mapping, or without one of the ``required`` keys."""
+    try:
+        data = json.loads(text or "")
+    except ValueError:
+        return None
+    if not isinstance(data, dict) or data.get("format") != RECORD_FORMAT:
+        return None
+    if not isinstance(data.get("inputs", {}), dict) or any(k not in data for k in required):
+        return None
+    return data
+
+
+def inputs_changed(record: dict | None, inputs: dict) -> list[str] | None:
+    """None without a record; else the names of the inputs that differ from the record's,
+    sorted (``["inputs"]`` where only the digest tells), empty when it was made with these."""
+    if not record:
+        return None
+    if record.get("digest") == digest(inputs, 16):
+        return []
+    old = record.get("inputs") or {}
+    return sorted(k for k in set(old) | set(inputs) if old.get(k) != inputs.get(k)) or ["inputs"]
+
+
+def write_record(path: str, record: dict, mode: int = 0o600) -> None:
+    """Write a record as JSON, atomically (a temporary file in the same directory, then
+    renamed over it), with ``mode``; a missing directory is made 0700."""
+    directory = os.path.dirname(path) or "."
+    if not os.path.isdir(directory):
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        os.chmod(directory, 0o700)
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump(record, handle, sort_keys=True, indent=1)
+            handle.write("\n")
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
 def text_digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest() if text else ""
 
@@ -285,9 +351,9 @@ def compare_stages(record: dict | None, now: dict) -> list[tuple[str, str]]:
     """What differs between the record of the last full deploy and this node now, as (the
     first stage concerned, the reason).
 
-    ``now`` has the record's keys (``fingerprint``, ``containers``, ``images``, ``files``,
-    ``trees``, ``tables``) plus ``serving_image`` ({"ref", "id"}), which is checked against
-    the running containers and not recorded."""
+    ``now`` has ``fingerprint`` (the record's inputs), the record's other keys
+    (``containers``, ``images``, ``files``, ``trees``, ``tables``) and ``serving_image``
+    ({"ref", "id"}), which is checked against the running containers and not recorded."""
     serving = now.get("serving_image") or {}
     reasons = [
         (RANK_IMAGE_STAGE, reason)
@@ -297,7 +363,7 @@ def compare_stages(record: dict | None, now: dict) -> list[tuple[str, str]]:
     ]
     if not record:
         return [(FIRST, NO_RECORD), *reasons]
-    reasons += _fingerprint_reasons(record.get("fingerprint"), now.get("fingerprint"))
+    reasons += _fingerprint_reasons(record.get("inputs"), now.get("fingerprint"))
     reasons += _container_reasons(record.get("containers") or {}, now.get("containers") or {})
     for stage, found in (
         (IMAGES_STAGE, _image_reasons(record.get("images") or {}, now.get("images") or {})),
@@ -320,5 +386,7 @@ def stages_concerned(stage_reasons: list[tuple[str, str]]) -> list[str]:
 
 
 def recorded(now: dict) -> dict:
-    """What is written: everything compared against later, not the alias check's input."""
-    return {key: value for key, value in now.items() if key != "serving_image"}
+    """What is written: a stage record whose inputs are the fingerprint and which keeps
+    everything else compared against later, not the alias check's input."""
+    kept = {k: v for k, v in now.items() if k not in ("fingerprint", "serving_image")}
+    return stage_record(now["fingerprint"], **kept)

@@ -13,12 +13,13 @@ plans the run. Pure standard library, no I/O.
 
 from __future__ import annotations
 
-import json
-
-from ansible_collections.dgx_spark.cluster.plugins.module_utils.deployment_record import digest
+from ansible_collections.dgx_spark.cluster.plugins.module_utils.deployment_record import (
+    inputs_changed,
+    read_stage_record,
+    stage_record,
+)
 
 LINK_CHECK_MODES = ("auto", "always", "never")
-LINK_CHECK_RECORD_FORMAT = 1
 SERVING_LABEL = ("dgx_spark.cluster.component", "vllm")
 
 
@@ -40,39 +41,15 @@ def serving_containers(containers: list[dict] | None, name: str) -> list[str]:
     return sorted(found)
 
 
-def settings_fingerprint(settings: dict) -> str:
-    """A short digest of the settings a link check measured (canonical JSON, SHA-256)."""
-    return digest(settings, 16)
-
-
 def read_link_record(text: str | None) -> dict | None:
-    """A node's record of its last passed link check, or None when absent or unreadable."""
-    if not text:
-        return None
-    try:
-        data = json.loads(text)
-    except ValueError:
-        return None
-    if not isinstance(data, dict) or data.get("format") != LINK_CHECK_RECORD_FORMAT:
-        return None
-    if not isinstance(data.get("settings"), dict):
-        return None
-    return data
+    """A node's record of its last passed link check (deployment_record's shape, the
+    settings it measured as inputs), or None when absent or unreadable."""
+    return read_stage_record(text, required=("inputs", "checked_at"))
 
 
 def link_record(settings: dict, checked_at: str, results: list[str] | None = None) -> dict:
     """The record a node keeps after its link check passed."""
-    return {
-        "format": LINK_CHECK_RECORD_FORMAT,
-        "fingerprint": settings_fingerprint(settings),
-        "settings": settings,
-        "checked_at": checked_at,
-        "results": list(results or []),
-    }
-
-
-def _changed_keys(old: dict, new: dict) -> list[str]:
-    return sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+    return stage_record(settings, checked_at=checked_at, results=list(results or []))
 
 
 def plan_link_check(mode: str, hardware: bool, nodes: dict[str, dict]) -> dict:
@@ -91,14 +68,13 @@ def plan_link_check(mode: str, hardware: bool, nodes: dict[str, dict]) -> dict:
     for name in sorted(nodes):
         node = nodes[name]
         record = node.get("record")
-        if not record:
+        changed = inputs_changed(record, node["settings"])
+        if changed is None:
             stale[name] = "no passed link check recorded (first deploy)"
-            continue
-        if record.get("fingerprint") != settings_fingerprint(node["settings"]):
-            keys = _changed_keys(record.get("settings") or {}, node["settings"])
-            stale[name] = "changed since the last passed check: " + (", ".join(keys) or "settings")
-            continue
-        dates.add(str(record.get("checked_at", "?")))
+        elif changed:
+            stale[name] = "changed since the last passed check: " + ", ".join(changed)
+        else:
+            dates.add(str(record.get("checked_at", "?")))
     serving = {n: nodes[n]["serving"] for n in sorted(nodes) if nodes[n].get("serving")}
     holding = "; ".join(f"{', '.join(c)} on {n}" for n, c in serving.items())
 

@@ -22,10 +22,14 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
-import json
 import os
 import re
 from concurrent.futures import ThreadPoolExecutor
+
+from ansible_collections.dgx_spark.cluster.plugins.module_utils.deployment_record import (
+    read_stage_record,
+    stage_record,
+)
 
 # Files that make up a model for vLLM: weights, configs, tokenizers, chat templates,
 # custom code. Matched against the file's base name.
@@ -42,9 +46,6 @@ DEFAULT_PATTERNS = (
     "*.jinja",
     "*.py",
 )
-
-# Version of the verification record the model_cache role keeps on each node.
-RECORD_FORMAT = 1
 
 PROBLEM_KINDS = ("missing", "dangling", "escaping", "size_mismatch", "checksum_mismatch")
 
@@ -206,17 +207,18 @@ def unchanged(known: dict | None, rel: str, entry: dict) -> bool:
     )
 
 
+def verification_record(files: dict, model_dir: str) -> dict:
+    """The record a node keeps after its copy was verified (deployment_record's shape)."""
+    return stage_record({"model_dir": model_dir}, files=files)
+
+
 def read_record(text: str) -> dict:
-    """The files of a verification record (JSON ``{"format": 1, "files": {...}}``).
+    """The files of a verification record (``verification_record``; an older collection's
+    ``{"format": 1, "files": {...}}`` reads the same).
 
     Anything unreadable counts as no record: the files are then read again.
     """
-    try:
-        data = json.loads(text)
-    except ValueError:
-        return {}
-    if not isinstance(data, dict) or data.get("format") != RECORD_FORMAT:
-        return {}
+    data = read_stage_record(text, required=("files",)) or {}
     files = data.get("files")
     return files if isinstance(files, dict) else {}
 

@@ -21,7 +21,11 @@ from __future__ import annotations
 import json
 import re
 
-from ansible_collections.dgx_spark.cluster.plugins.module_utils.deployment_record import digest
+from ansible_collections.dgx_spark.cluster.plugins.module_utils.deployment_record import (
+    inputs_changed,
+    read_stage_record,
+    stage_record,
+)
 from ansible_collections.dgx_spark.cluster.plugins.module_utils.link_checks import (
     nccl_device_mismatch,
     nccl_transport,
@@ -32,17 +36,11 @@ from ansible_collections.dgx_spark.cluster.plugins.module_utils.nccl_choice impo
 )
 
 MARK = "dgx-spark-collective: "
-RECORD_FORMAT = 1
 NCCL_LIBRARY_MODES = ("auto", "image", "host")
 # faulthandler.dump_traceback_later prints this when the script's own deadline passes.
 _HANG = re.compile(r"^Timeout \(\d+:\d\d:\d\d\)!", re.M)
 _NCCL_VERSION = re.compile(r"NCCL INFO NCCL version (\S+)")
 _ERROR = re.compile(r"^(?:[\w.]+(?:Error|Exception)|torch\.\w+\.\w+Error)\b.*$", re.M)
-
-
-def settings_digest(settings: dict) -> str:
-    """A short digest of what the ranks communicate with (canonical JSON, SHA-256)."""
-    return digest(settings, 16)
 
 
 def version_tuple(text: str | None) -> tuple[int, ...]:
@@ -222,34 +220,25 @@ def decide(
 
 
 def read_record(text: str | None) -> dict | None:
-    """A node's record of its last passed collective, or None when absent or unreadable."""
-    try:
-        data = json.loads(text or "")
-    except ValueError:
-        return None
-    if not isinstance(data, dict) or data.get("format") != RECORD_FORMAT:
-        return None
-    if not data.get("image_id") or not data.get("digest"):
-        return None
-    return data
+    """A node's record of its last passed collective (deployment_record's shape, the image ID
+    and the comm settings' digest as inputs), or None when absent or unreadable."""
+    return read_stage_record(text, required=("inputs", "checked_at"))
 
 
 def record(image_id: str, digest: str, parsed: dict, checked_at: str) -> dict:
     """What a node keeps after the collective passed (``parsed`` from :func:`parse_output`)."""
     result = parsed.get("result") or {}
-    return {
-        "format": RECORD_FORMAT,
-        "image_id": image_id,
-        "digest": digest,
-        "checked_at": checked_at,
-        "backend": result.get("backend", ""),
-        "op": result.get("op", ""),
-        "nccl_version": parsed.get("nccl_version", ""),
-        "nccl_library": parsed.get("library", ""),
-        "transport": (parsed.get("transport") or {}).get("transport", ""),
-        "busbw_gbps": result.get("busbw_gbps"),
-        "elapsed_s": result.get("elapsed_s"),
-    }
+    return stage_record(
+        {"image_id": image_id, "comm": digest},
+        checked_at=checked_at,
+        backend=result.get("backend", ""),
+        op=result.get("op", ""),
+        nccl_version=parsed.get("nccl_version", ""),
+        nccl_library=parsed.get("library", ""),
+        transport=(parsed.get("transport") or {}).get("transport", ""),
+        busbw_gbps=result.get("busbw_gbps"),
+        elapsed_s=result.get("elapsed_s"),
+    )
 
 
 def plan(enabled: bool, nodes: dict) -> dict:
@@ -273,11 +262,13 @@ def plan(enabled: bool, nodes: dict) -> dict:
     for node in sorted(nodes):
         entry = nodes[node]
         rec = entry.get("record")
-        if not rec:
+        changed = inputs_changed(rec, {"image_id": entry["image_id"], "comm": entry.get("digest")})
+        if changed is None:
             stale[node] = "no passed collective recorded"
-        elif rec.get("image_id") != entry["image_id"]:
-            stale[node] = f"the image changed (last passed with {str(rec.get('image_id'))[:19]})"
-        elif rec.get("digest") != entry.get("digest"):
+        elif "image_id" in changed:
+            last = str((rec.get("inputs") or {}).get("image_id"))[:19]
+            stale[node] = f"the image changed (last passed with {last})"
+        elif changed:
             stale[node] = "the comm settings changed since the last passed collective"
     if stale:
         return {

@@ -45,7 +45,9 @@ options:
         C(images), C(model), C(ray), C(serve), C(monitoring)), each over the settings that
         stage is the first to read; the first stage's also over the inventory and the
         collection (C(plugins/plugin_utils/deploy_stages.py)).
-      - A record that holds a single digest (an older collection's) differs in every stage.
+      - They are the record's inputs; the record has the shape of every record the stages
+        keep (C(stage_record) in C(plugins/module_utils/deployment_record.py)). A record of
+        another shape (an older collection's) counts as none, and every stage runs.
     type: dict
     required: true
   label:
@@ -136,18 +138,17 @@ images:
   type: dict
 """
 
-import json  # noqa: E402
-import os  # noqa: E402
-
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib  # noqa: E402
 from ansible_collections.dgx_spark.cluster.plugins.module_utils.deployment_record import (  # noqa: E402
     compare_stages,
     file_digest,
+    read_stage_record,
     recorded,
     snapshot,
     stages_concerned,
     text_digest,
     tree_stat,
+    write_record,
 )
 
 try:
@@ -159,21 +160,9 @@ except ImportError:
 def read_record(path: str) -> dict | None:
     try:
         with open(path, encoding="utf-8") as handle:
-            record = json.load(handle)
-    except (OSError, ValueError):
+            return read_stage_record(handle.read())
+    except OSError:
         return None
-    return record if isinstance(record, dict) else None
-
-
-def write_record(path: str, record: dict) -> None:
-    directory = os.path.dirname(path)
-    os.makedirs(directory, mode=0o700, exist_ok=True)
-    tmp = f"{path}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        json.dump(record, handle, sort_keys=True, indent=1)
-        handle.write("\n")
-    os.replace(tmp, path)
 
 
 def inspect_all(client, label: str) -> list[dict]:

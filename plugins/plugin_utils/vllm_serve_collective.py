@@ -6,11 +6,12 @@ plugins/module_utils/rank_collective.py (the vllm_serve filter's operations)."""
 from __future__ import annotations
 
 from ansible_collections.dgx_spark.cluster.plugins.module_utils import rank_collective
+from ansible_collections.dgx_spark.cluster.plugins.module_utils.deployment_record import digest
 
 
 def vllm_serve_collective_digest(settings):
-    """A short digest of the ranks' comm settings."""
-    return rank_collective.settings_digest(dict(settings))
+    """A short digest of the ranks' comm settings (the collective record's ``comm`` input)."""
+    return digest(dict(settings), 16)
 
 
 def vllm_serve_collective_plan(nodes, hostvars, enabled=True):

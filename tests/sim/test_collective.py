@@ -83,11 +83,13 @@ def test_the_first_run_ran_it_passed_and_recorded_it_on_every_node(first, nodes)
         rec = record(node)
         assert rec == {
             "format": 1, "backend": "gloo", "op": "all_reduce", "transport": "gloo",
-            "nccl_version": "", "nccl_library": "", "image_id": node_image_id(node, ALIAS),
+            "nccl_version": "", "nccl_library": "",
+            "inputs": {"image_id": node_image_id(node, ALIAS), "comm": rec["inputs"]["comm"]},
             "busbw_gbps": float(got[1]), "elapsed_s": float(got[2]),
             "digest": rec["digest"], "checked_at": rec["checked_at"],
         }, rec  # fmt: skip
         assert re.fullmatch(r"[0-9a-f]{16}", rec["digest"]), rec
+        assert re.fullmatch(r"[0-9a-f]{16}", rec["inputs"]["comm"]), rec
         assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d", rec["checked_at"]), rec
     # And the rank's container is gone.
     assert not [n.name for n in nodes if container(n, "dgx-spark-collective")]

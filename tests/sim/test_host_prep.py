@@ -338,7 +338,7 @@ def test_hardware_path_with_stand_ins(runs, ansible, hosts, images, tmp_path):
         assert "NCCL_IB_HCA=roce_" in env and "NCCL_IB_DISABLE=0" in env
         for name, host in hosts.items():
             record = json.loads(host.check_output(f"sudo cat {STANDIN_DIR}/link-check.json"))
-            assert record["settings"]["mtu"] == 9000 and record["fingerprint"], name
+            assert record["inputs"]["mtu"] == 9000 and len(record["digest"]) == 16, name
 
         # A rerun with unchanged settings does not measure again, and changes nothing.
         again = playbook(*extra, path=str(wrapper))

@@ -224,7 +224,10 @@ def test_write_then_read(tmp_path):
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
     assert os.listdir(cache) == [f"{key()}.json"]  # no temporary file left
     entry = acc.read_entry(str(cache), key())
-    assert entry == {"version": 1, "key": key(), "image_id": IMAGE_ID, "document": DOCUMENT}
+    assert entry == {
+        "format": 1, "inputs": {"key": key()}, "digest": dr.digest({"key": key()}, 16),
+        "image_id": IMAGE_ID, "document": DOCUMENT,
+    }  # fmt: skip
 
 
 def test_an_existing_directory_keeps_its_mode(tmp_path):
@@ -234,9 +237,8 @@ def test_an_existing_directory_keeps_its_mode(tmp_path):
 
 
 def entry_text(**changes) -> str:
-    return json.dumps(
-        {"version": 1, "key": key(), "image_id": IMAGE_ID, "document": DOCUMENT, **changes}
-    )
+    made = dr.stage_record({"key": key()}, image_id=IMAGE_ID, document=DOCUMENT)
+    return json.dumps({**made, **changes})
 
 
 @pytest.mark.parametrize(
@@ -245,8 +247,8 @@ def entry_text(**changes) -> str:
         "{not json",
         "",
         "[]",
-        entry_text(key="0" * 64),
-        entry_text(version=99),
+        entry_text(inputs={"key": "0" * 64}),
+        entry_text(format=99),
         entry_text(image_id=None),
         entry_text(document="accepted"),
         entry_text(document={}),

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from ansible_collections.dgx_spark.cluster.plugins.module_utils import link_plan as lp
+from ansible_collections.dgx_spark.cluster.plugins.module_utils.deployment_record import digest
 from support.captures import tool_output
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "host_prep"
@@ -83,6 +84,11 @@ def test_plan_link_check_refuses_an_unknown_mode():
 def test_link_record_round_trip():
     record = lp.link_record(SETTINGS, "2026-11-30T06:00:00Z")
     assert lp.read_link_record(json.dumps(record)) == record
-    assert record["fingerprint"] == lp.settings_fingerprint(json.loads(json.dumps(SETTINGS)))
-    for text in ("", None, "{", "[]", '{"format": 2, "settings": {}}', '{"format": 1}'):
+    assert record["inputs"] == SETTINGS and record["checked_at"] == "2026-11-30T06:00:00Z"
+    assert record["digest"] == digest(json.loads(json.dumps(SETTINGS)), 16)
+    # An older collection's record (settings and fingerprint, no inputs) reads as none: the
+    # check is due once, as on a first deploy.
+    older = {"format": 1, "settings": SETTINGS, "fingerprint": "f" * 16, "checked_at": "x"}
+    for text in ("", None, "{", "[]", '{"format": 2, "inputs": {}}', '{"format": 1}',
+                 json.dumps(older)):  # fmt: skip
         assert lp.read_link_record(text) is None

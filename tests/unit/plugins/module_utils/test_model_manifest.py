@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from pathlib import Path
 
@@ -566,3 +567,10 @@ def test_without_known_nothing_changes_in_the_manifest(tmp_path):
 )
 def test_read_record(text, files):
     assert mm.read_record(text) == files
+
+
+def test_the_verification_record_reads_back():
+    files = {"model.safetensors": {"size": 3, "sha256": "ab", "mtime_ns": 1}}
+    made = mm.verification_record(files, "/models/tiny")
+    assert made["inputs"] == {"model_dir": "/models/tiny"} and made["format"] == 1
+    assert mm.read_record(json.dumps(made)) == files

@@ -11,10 +11,14 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 from pathlib import Path
 
 import pytest
 from ansible_collections.dgx_spark.cluster.plugins.module_utils import rank_collective as rc
+from ansible_collections.dgx_spark.cluster.plugins.plugin_utils.vllm_serve_collective import (
+    vllm_serve_collective_digest as comm_digest,
+)
 from support.captures import tool_output
 
 ROOT = Path(__file__).resolve().parents[4]
@@ -262,6 +266,7 @@ def test_the_record_keeps_what_the_pass_showed():
     kept = rec()
     assert kept["backend"] == "gloo" and kept["op"] == "all_reduce" and kept["elapsed_s"] == 3.1
     assert kept["transport"] == "gloo"
+    assert kept["inputs"] == {"image_id": "sha256:aa", "comm": "d1"}
 
 
 @pytest.mark.parametrize("text", [None, "", "{", "[]", '{"format": 99}', '{"format": 1}'])
@@ -270,9 +275,10 @@ def test_an_unreadable_record_is_none(text):
 
 
 def test_the_digest_is_stable_and_sensitive():
-    one = rc.settings_digest({"comm_env": "A=1\n", "rank_env": {"X": "1"}})
-    assert one == rc.settings_digest({"rank_env": {"X": "1"}, "comm_env": "A=1\n"})
-    assert one != rc.settings_digest({"comm_env": "A=2\n", "rank_env": {"X": "1"}})
+    one = comm_digest({"comm_env": "A=1\n", "rank_env": {"X": "1"}})
+    assert one == comm_digest({"rank_env": {"X": "1"}, "comm_env": "A=1\n"})
+    assert one != comm_digest({"comm_env": "A=2\n", "rank_env": {"X": "1"}})
+    assert re.fullmatch(r"[0-9a-f]{16}", one)
 
 
 # --------------------------------------------------------------------------- the rank's script
