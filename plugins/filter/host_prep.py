@@ -113,11 +113,6 @@ def host_prep_link_plan(hosts, hostvars, mode, hardware):
         raise AnsibleFilterError(str(exc)) from exc
 
 
-def host_prep_link_record(settings, checked_at, results=None):
-    """The record a node keeps after its link check passed."""
-    return link_plan.link_record(dict(settings), str(checked_at), list(results or []))
-
-
 def host_prep_platform(nvidia_smi, gpus, host="", kernel=""):
     """GPUs against spark_gpus, and the kernel and driver against the known-bad table."""
     result = spark_platform.check_gpus(str(nvidia_smi), int(gpus), str(host))
@@ -138,7 +133,6 @@ OPERATIONS = {
     "serving": host_prep_serving,
     "platform": host_prep_platform,
     "link_plan": host_prep_link_plan,
-    "link_record": host_prep_link_record,
 }
 
 

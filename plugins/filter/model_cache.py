@@ -55,16 +55,6 @@ def model_cache_repo_dir(repo_id):
         raise AnsibleFilterError(f"model_cache_repo_id: {exc}") from exc
 
 
-def model_cache_record(manifest, model_dir):
-    """The verification record a node keeps (deployment_record's shape): the files as
-    verified, with the model directory as the input."""
-    if not isinstance(manifest, dict):
-        raise AnsibleFilterError(
-            f"model_cache_record: expected a manifest (dict), got {type(manifest).__name__}"
-        )
-    return mm.verification_record(manifest, str(model_dir))
-
-
 # The operations of the one filter this role uses, dgx_spark.cluster.model_cache:
 # ``value | dgx_spark.cluster.model_cache('<operation>', ...)``.
 OPERATIONS = {
@@ -74,7 +64,6 @@ OPERATIONS = {
     "rsync": model_cache_rsync,
     "repo_dir": model_cache_repo_dir,
     "problems": model_cache_problems,
-    "record": model_cache_record,
 }
 
 

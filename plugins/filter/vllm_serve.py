@@ -10,8 +10,8 @@ from ansible_collections.dgx_spark.cluster.plugins.plugin_utils.role_filter impo
 from ansible_collections.dgx_spark.cluster.plugins.plugin_utils.vllm_serve_collective import (
     vllm_serve_collective_check,
     vllm_serve_collective_digest,
+    vllm_serve_collective_kept,
     vllm_serve_collective_plan,
-    vllm_serve_collective_record,
 )
 from ansible_collections.dgx_spark.cluster.plugins.plugin_utils.vllm_serve_memory import (
     vllm_serve_cma_check,
@@ -112,7 +112,7 @@ OPERATIONS = {
     "collective_check": vllm_serve_collective_check,
     "collective_digest": vllm_serve_collective_digest,
     "collective_plan": vllm_serve_collective_plan,
-    "collective_record": vllm_serve_collective_record,
+    "collective_kept": vllm_serve_collective_kept,
     "memory_setting_errors": vllm_serve_memory_setting_errors,
     "memory_check": vllm_serve_memory_check,
     "cma_check": vllm_serve_cma_check,

@@ -16,7 +16,6 @@ from __future__ import annotations
 from ansible_collections.dgx_spark.cluster.plugins.module_utils.deployment_record import (
     inputs_changed,
     read_stage_record,
-    stage_record,
 )
 
 LINK_CHECK_MODES = ("auto", "always", "never")
@@ -43,13 +42,9 @@ def serving_containers(containers: list[dict] | None, name: str) -> list[str]:
 
 def read_link_record(text: str | None) -> dict | None:
     """A node's record of its last passed link check (deployment_record's shape, the
-    settings it measured as inputs), or None when absent or unreadable."""
+    settings it measured as inputs, written by the stage_record module), or None when absent
+    or unreadable."""
     return read_stage_record(text, required=("inputs", "checked_at"))
-
-
-def link_record(settings: dict, checked_at: str, results: list[str] | None = None) -> dict:
-    """The record a node keeps after its link check passed."""
-    return stage_record(settings, checked_at=checked_at, results=list(results or []))
 
 
 def plan_link_check(mode: str, hardware: bool, nodes: dict[str, dict]) -> dict:

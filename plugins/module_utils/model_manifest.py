@@ -28,7 +28,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 from ansible_collections.dgx_spark.cluster.plugins.module_utils.deployment_record import (
     read_stage_record,
-    stage_record,
 )
 
 # Files that make up a model for vLLM: weights, configs, tokenizers, chat templates,
@@ -207,14 +206,10 @@ def unchanged(known: dict | None, rel: str, entry: dict) -> bool:
     )
 
 
-def verification_record(files: dict, model_dir: str) -> dict:
-    """The record a node keeps after its copy was verified (deployment_record's shape)."""
-    return stage_record({"model_dir": model_dir}, files=files)
-
-
 def read_record(text: str) -> dict:
-    """The files of a verification record (``verification_record``; an older collection's
-    ``{"format": 1, "files": {...}}`` reads the same).
+    """The files of a verification record (deployment_record's shape, the model directory as
+    input, written by the stage_record module; an older collection's ``{"format": 1, "files":
+    {...}}`` reads the same).
 
     Anything unreadable counts as no record: the files are then read again.
     """

@@ -13,7 +13,8 @@ module reads that output on the controller and decides:
   transport and what to try;
 * :func:`plan`: whether the check runs: only when a node has no record of a passed check for
   the image ID and the comm settings' digest this run would start the ranks with;
-* :func:`record`: what each node keeps after a passed check.
+* :func:`kept`: what each node's record keeps after a passed check (the stage_record module
+  writes it, deployment_record's shape, with the image ID and the digest as inputs).
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ import re
 from ansible_collections.dgx_spark.cluster.plugins.module_utils.deployment_record import (
     inputs_changed,
     read_stage_record,
-    stage_record,
 )
 from ansible_collections.dgx_spark.cluster.plugins.module_utils.link_checks import (
     nccl_device_mismatch,
@@ -225,33 +225,33 @@ def read_record(text: str | None) -> dict | None:
     return read_stage_record(text, required=("inputs", "checked_at"))
 
 
-def record(image_id: str, digest: str, parsed: dict, checked_at: str) -> dict:
-    """What a node keeps after the collective passed (``parsed`` from :func:`parse_output`)."""
+def kept(parsed: dict, checked_at: str) -> dict:
+    """What a node's record keeps beside its inputs (the image ID and the comm settings'
+    digest) after the collective passed (``parsed`` from :func:`parse_output`)."""
     result = parsed.get("result") or {}
-    return stage_record(
-        {"image_id": image_id, "comm": digest},
-        checked_at=checked_at,
-        backend=result.get("backend", ""),
-        op=result.get("op", ""),
-        nccl_version=parsed.get("nccl_version", ""),
-        nccl_library=parsed.get("library", ""),
-        transport=(parsed.get("transport") or {}).get("transport", ""),
-        busbw_gbps=result.get("busbw_gbps"),
-        elapsed_s=result.get("elapsed_s"),
-    )
+    return {
+        "checked_at": checked_at,
+        "backend": result.get("backend", ""),
+        "op": result.get("op", ""),
+        "nccl_version": parsed.get("nccl_version", ""),
+        "nccl_library": parsed.get("library", ""),
+        "transport": (parsed.get("transport") or {}).get("transport", ""),
+        "busbw_gbps": result.get("busbw_gbps"),
+        "elapsed_s": result.get("elapsed_s"),
+    }
 
 
 def plan(enabled: bool, nodes: dict) -> dict:
     """Whether the collective runs, for every node at once.
 
-    ``nodes`` maps each node to ``{"image_id": str, "digest": str, "record": dict | None}``:
-    the image the ranks are to run, the digest of its comm settings, its last record.
+    ``nodes`` maps each node to ``{"inputs": {"image_id", "comm"}, "record": dict | None}``:
+    the image the ranks are to run and the digest of their comm settings, its last record.
     Returns ``{run, reason, stale}``; ``stale`` names each node without a record for its image
     ID and digest, with why.
     """
     if not enabled:
         return {"run": False, "reason": "vllm_serve_collective is false", "stale": {}}
-    missing = sorted(n for n in nodes if not (nodes[n] or {}).get("image_id"))
+    missing = sorted(n for n in nodes if not ((nodes[n] or {}).get("inputs") or {}).get("image_id"))
     if missing:
         return {
             "run": False,
@@ -262,7 +262,7 @@ def plan(enabled: bool, nodes: dict) -> dict:
     for node in sorted(nodes):
         entry = nodes[node]
         rec = entry.get("record")
-        changed = inputs_changed(rec, {"image_id": entry["image_id"], "comm": entry.get("digest")})
+        changed = inputs_changed(rec, entry["inputs"])
         if changed is None:
             stale[node] = "no passed collective recorded"
         elif "image_id" in changed:

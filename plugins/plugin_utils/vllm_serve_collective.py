@@ -19,9 +19,9 @@ def vllm_serve_collective_plan(nodes, hostvars, enabled=True):
     table = {}
     for node in [str(n) for n in nodes]:
         facts = hostvars[node].get("_vllm_serve_collective_node") or {}
+        inputs = facts.get("inputs") or {}
         table[node] = {
-            "image_id": str(facts.get("image_id") or ""),
-            "digest": str(facts.get("digest") or ""),
+            "inputs": {"image_id": str(inputs.get("image_id") or ""), "comm": inputs.get("comm")},
             "record": rank_collective.read_record(facts.get("record_text")),
         }
     return rank_collective.plan(bool(enabled), table)
@@ -45,6 +45,6 @@ def vllm_serve_collective_check(
     )
 
 
-def vllm_serve_collective_record(parsed, image_id, digest, checked_at):
-    """The record a node keeps after the collective passed."""
-    return rank_collective.record(str(image_id), str(digest), dict(parsed), str(checked_at))
+def vllm_serve_collective_kept(parsed, checked_at):
+    """What a node's record keeps beside its inputs after the collective passed."""
+    return rank_collective.kept(dict(parsed), str(checked_at))

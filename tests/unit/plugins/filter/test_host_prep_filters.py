@@ -8,6 +8,9 @@ from pathlib import Path
 import pytest
 from ansible.errors import AnsibleFilterError
 from ansible_collections.dgx_spark.cluster.plugins.filter import host_prep as hp
+from ansible_collections.dgx_spark.cluster.plugins.module_utils.deployment_record import (
+    stage_record,
+)
 from support.captures import tool_output
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "host_prep"
@@ -24,7 +27,6 @@ def test_one_filter_holds_every_operation():
         "serving",
         "platform",
         "link_plan",
-        "link_record",
     }
     assert set(hp.FilterModule().filters()) == {"host_prep"}
     assert (Path(hp.__file__).parent / "host_prep.yml").exists(), "host_prep has no documentation"
@@ -125,7 +127,7 @@ def test_comm_env_error_is_a_filter_error():
 
 def test_link_plan_reads_every_node_from_hostvars():
     settings = {"mtu": 9000, "links": ["172.30.241.11/24"]}
-    record = hp.host_prep_link_record(settings, "2026-11-30T06:00:00Z")
+    record = stage_record(settings, checked_at="2026-11-30T06:00:00Z", results=[])
     hostvars = {
         "spark-1": {"_host_prep_link_settings": settings, "_host_prep_serving": [],
                     "_host_prep_link_record_text": json.dumps(record)},

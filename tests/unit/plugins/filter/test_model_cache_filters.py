@@ -73,11 +73,3 @@ def test_problems_of_a_clean_copy():
     assert flt.model_cache_problems(mm.compare(files, {"files": files})) == "no problems"
     with pytest.raises(AnsibleFilterError, match="expected a dict"):
         flt.model_cache_problems(["missing"])
-
-
-def test_record_is_what_the_next_run_reads():
-    files = {"config.json": {"size": 2, "sha256": "cd", "mtime_ns": 5}}
-    made = FILTERS["model_cache_record"](files, "/models/tiny")
-    assert made["files"] == files and made["inputs"] == {"model_dir": "/models/tiny"}
-    with pytest.raises(AnsibleFilterError, match="model_cache_record: expected a manifest"):
-        FILTERS["model_cache_record"]("not a manifest", "/m")

@@ -8,7 +8,10 @@ from pathlib import Path
 
 import pytest
 from ansible_collections.dgx_spark.cluster.plugins.module_utils import link_plan as lp
-from ansible_collections.dgx_spark.cluster.plugins.module_utils.deployment_record import digest
+from ansible_collections.dgx_spark.cluster.plugins.module_utils.deployment_record import (
+    digest,
+    stage_record,
+)
 from support.captures import tool_output
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "host_prep"
@@ -42,7 +45,7 @@ SETTINGS = {
 
 def nodes(record=True, serving=(), settings=None, **other):
     settings = SETTINGS if settings is None else settings
-    made = lp.link_record(SETTINGS, "2026-11-30T06:00:00Z", ["RDMA write 111.74 Gb/s"])
+    made = stage_record(SETTINGS, checked_at="2026-11-30T06:00:00Z", results=["RDMA 111.74"])
     return {
         "spark-1": {"settings": settings, "record": made if record else None,
                     "serving": list(serving)},
@@ -82,7 +85,7 @@ def test_plan_link_check_refuses_an_unknown_mode():
 
 
 def test_link_record_round_trip():
-    record = lp.link_record(SETTINGS, "2026-11-30T06:00:00Z")
+    record = stage_record(SETTINGS, checked_at="2026-11-30T06:00:00Z", results=[])
     assert lp.read_link_record(json.dumps(record)) == record
     assert record["inputs"] == SETTINGS and record["checked_at"] == "2026-11-30T06:00:00Z"
     assert record["digest"] == digest(json.loads(json.dumps(SETTINGS)), 16)

@@ -9,6 +9,9 @@ from pathlib import Path
 
 import pytest
 from ansible_collections.dgx_spark.cluster.plugins.module_utils import model_manifest as mm
+from ansible_collections.dgx_spark.cluster.plugins.module_utils.deployment_record import (
+    stage_record,
+)
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 OTHER = "89abcdef0123456789abcdef0123456789abcdef"
@@ -571,6 +574,5 @@ def test_read_record(text, files):
 
 def test_the_verification_record_reads_back():
     files = {"model.safetensors": {"size": 3, "sha256": "ab", "mtime_ns": 1}}
-    made = mm.verification_record(files, "/models/tiny")
-    assert made["inputs"] == {"model_dir": "/models/tiny"} and made["format"] == 1
+    made = stage_record({"model_dir": "/models/tiny"}, files=files)
     assert mm.read_record(json.dumps(made)) == files

@@ -16,6 +16,9 @@ from pathlib import Path
 
 import pytest
 from ansible_collections.dgx_spark.cluster.plugins.module_utils import rank_collective as rc
+from ansible_collections.dgx_spark.cluster.plugins.module_utils.deployment_record import (
+    stage_record,
+)
 from ansible_collections.dgx_spark.cluster.plugins.plugin_utils.vllm_serve_collective import (
     vllm_serve_collective_digest as comm_digest,
 )
@@ -221,13 +224,14 @@ def test_a_rank_without_output_fails():
 
 
 def node(image="sha256:aa", digest="d1", record=None) -> dict:
-    return {"image_id": image, "digest": digest, "record": record}
+    return {"inputs": {"image_id": image, "comm": digest}, "record": record}
 
 
 def rec(image="sha256:aa", digest="d1") -> dict:
+    """A record as the stage_record module writes it, read back."""
     parsed = rc.parse_output(result("gloo", 0))
-    text = json.dumps(rc.record(image, digest, parsed, "2026-12-01T00:00:00+00:00"))
-    return rc.read_record(text)
+    kept = rc.kept(parsed, "2026-12-01T00:00:00+00:00")
+    return rc.read_record(json.dumps(stage_record({"image_id": image, "comm": digest}, **kept)))
 
 
 def test_the_first_pass_runs():
