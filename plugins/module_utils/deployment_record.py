@@ -104,11 +104,13 @@ def snapshot(inspected: list[dict]) -> dict:
 
 
 def file_digest(path: str) -> str:
-    """SHA-256 of a file's bytes, or '' when it is not there."""
+    """SHA-256 of a file's bytes, or '' when it cannot be read (not there, gone while read):
+    the one file hash of the records and of model_manifest's checksums. It reads 8 MiB at a
+    time; hashlib releases the GIL on such blocks, so threads hash several files at once."""
     digest = hashlib.sha256()
     try:
         with open(path, "rb") as handle:
-            for block in iter(lambda: handle.read(1 << 20), b""):
+            for block in iter(lambda: handle.read(8 << 20), b""):
                 digest.update(block)
     except OSError:
         return ""

@@ -21,12 +21,12 @@ Standard library only; the only I/O is reading the directory being described.
 from __future__ import annotations
 
 import fnmatch
-import hashlib
 import os
 import re
 from concurrent.futures import ThreadPoolExecutor
 
 from ansible_collections.dgx_spark.cluster.plugins.module_utils.deployment_record import (
+    file_digest,
     read_stage_record,
 )
 
@@ -48,7 +48,6 @@ DEFAULT_PATTERNS = (
 
 PROBLEM_KINDS = ("missing", "dangling", "escaping", "size_mismatch", "checksum_mismatch")
 
-_CHUNK = 8 * 1024 * 1024
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
 _REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9._-]+$")
 
@@ -107,14 +106,6 @@ def find_model_dir(root: str, revision: str = "main") -> tuple[str | None, str]:
 def matches(name: str, patterns) -> bool:
     base = name.rsplit("/", 1)[-1]
     return any(fnmatch.fnmatchcase(base, p) for p in patterns)
-
-
-def sha256_file(path: str, chunk: int = _CHUNK) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(chunk), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _within(path: str, top: str) -> bool:
@@ -183,7 +174,7 @@ def build_manifest(
     if to_hash:
         # hashlib releases the GIL on large blocks, so several files hash at once.
         with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-            for rel, digest in zip(to_hash, pool.map(sha256_file, to_hash.values()), strict=True):
+            for rel, digest in zip(to_hash, pool.map(file_digest, to_hash.values()), strict=True):
                 files[rel]["sha256"] = digest
     return {
         "files": files,
