@@ -259,6 +259,19 @@ STANDIN_NETPLAN = "/etc/netplan/41-standin.yaml"
 STANDIN_NCCL_IMAGE = "dgxsim-standin/nccl-check:latest"
 
 
+def install_standins(ansible, hosts, images, bundle) -> None:
+    """Copy the stand-ins' folder to every node and build the NCCL stand-in's image there."""
+    done = ansible(
+        "sparks", "ansible.builtin.copy", f"src={bundle}/ dest={STANDIN_DIR}/ mode=preserve"
+    )
+    assert not any(r.get("failed") for r in done.values()), done
+    for host in hosts.values():
+        host.check_output(
+            f"sudo docker build -q -t {STANDIN_NCCL_IMAGE} --build-arg BASE={images.CLUSTER_IMAGE} "
+            f"-f {STANDIN_DIR}/Dockerfile.nccl {STANDIN_DIR}"
+        )
+
+
 def standin_run(tmp_path) -> tuple:
     """The stand-ins with the fixtures they print, in a folder to copy to the nodes, and a
     wrapper playbook that runs host_prep with spark_hardware true and them first on PATH."""
@@ -294,15 +307,7 @@ def test_hardware_path_with_stand_ins(runs, ansible, hosts, images, tmp_path):
     ibdev2netdev, ib_write_bw, the NVIDIA runtime and the NCCL check. Files go to other paths
     than the real run's, and are removed afterwards."""
     bundle, wrapper = standin_run(tmp_path)
-    done = ansible(
-        "sparks", "ansible.builtin.copy", f"src={bundle}/ dest={STANDIN_DIR}/ mode=preserve"
-    )
-    assert not any(r.get("failed") for r in done.values()), done
-    for host in hosts.values():
-        host.check_output(
-            f"sudo docker build -q -t {STANDIN_NCCL_IMAGE} --build-arg BASE={images.CLUSTER_IMAGE} "
-            f"-f {STANDIN_DIR}/Dockerfile.nccl {STANDIN_DIR}"
-        )
+    install_standins(ansible, hosts, images, bundle)
     extra = [
         *("-e", f"host_prep_netplan_file={STANDIN_NETPLAN}"),
         *("-e", f"host_prep_comm_env_file={STANDIN_DIR}/comm.env"),
@@ -440,16 +445,7 @@ def test_link_gate_refuses_before_serving_is_touched(
     assert "dgx-spark-vllm" in before["spark-1"], before
     assert all("dgx-spark-ray" in running for running in before.values()), before
     try:
-        done = ansible(
-            "sparks", "ansible.builtin.copy", f"src={bundle}/ dest={STANDIN_DIR}/ mode=preserve"
-        )
-        assert not any(r.get("failed") for r in done.values()), done
-        for host in hosts.values():
-            host.check_output(
-                f"sudo docker build -q -t {STANDIN_NCCL_IMAGE} "
-                f"--build-arg BASE={images.CLUSTER_IMAGE} "
-                f"-f {STANDIN_DIR}/Dockerfile.nccl {STANDIN_DIR}"
-            )
+        install_standins(ansible, hosts, images, bundle)
 
         # (a) comm.env names a RoCE device the node lacks: NCCL runs on sockets.
         bad = playbook(
