@@ -56,8 +56,8 @@ def deploy_stages_earliest(stages):
 
 
 def deploy_state_fingerprints(settings, common):
-    """{stage: digest} of deploy.yml's record: each stage's over the settings it reads first,
-    the first stage's also over ``common`` (the inventory, the collection)."""
+    """{stage: inputs} for the stages' records: the digest of each setting the stage reads and
+    of ``common`` (the inventory, the collection)."""
     if not isinstance(settings, dict):
         raise AnsibleFilterError(f"the settings must be a mapping, got {type(settings).__name__}")
     return deploy_stages.fingerprints(dict(settings), common)

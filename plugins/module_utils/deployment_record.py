@@ -10,18 +10,18 @@ writes it atomically. The link check's record (link_plan), the collective's
 (args_check_cache) and the deployment record below are such records; ``digest`` and
 ``tree_fingerprint`` are the one digest and the one walker they all use.
 
-The deployment record (``deployment_state``) holds, per node, as its inputs:
-
-* {stage: digest} of everything the run was given, each stage's digest over
-  the settings that stage is the first to read, the first stage's also over the inventory and
-  the collection (deploy_stages.fingerprints);
-
-and what the run left:
+The deployment record (``deployment_state``, one file per node) holds under ``stages`` one such
+record per stage of deploy.yml, which the stage writes at its end (its playbook's last task,
+alone or within deploy.yml): its inputs are the digest of every setting the stage reads and of
+the inventory and the collection (deploy_stages.fingerprints). Under ``left``, what the stages
+left, each part refreshed by the stage that writes it:
 
 * ``containers``: the collection's containers (ID, image, component, running, start, restarts);
-* ``images``: the IDs behind the references the stages read (the serving alias, the cluster
-  base and the donor): a donor pulled anew changes what the images stage would build;
-* ``files``: the SHA-256 of the host files the stages wrote and the containers load (netplan,
+  a stage refreshes those of the components it starts (the serve stage the Ray containers too,
+  which it moves to a new image);
+* ``images``: the IDs behind the references the images stage reads (the serving alias, the
+  cluster base and the donor): a donor pulled anew changes what it would build;
+* ``files``: the SHA-256 of the host files host_prep writes and the containers load (netplan,
   comm.env, the firewall's ruleset);
 * ``trees``: size and modification time of every file below a directory (the weights): a
   file replaced, truncated or edited in place by hand changes them, and reading 119 GB again
@@ -29,13 +29,13 @@ and what the run left:
 * ``tables``: a digest of each live nftables table (stateless listing, so counters do not
   count): a table flushed by hand differs from the file that loaded it.
 
-``compare`` names each difference in one line, and ``compare_stages`` the stage of
-deploy.yml each one concerns: a full run starts at the earliest over all nodes (the
-controller knows the stages' order: plugins/plugin_utils/deploy_stages.py), as the stages
-before it have nothing to do. Besides the record, it checks that every
-running rank-holding container (components ``ray`` and ``vllm``) runs the image behind the
-serving alias: after ``playbooks/images.yml`` moved the alias, the containers still run the
-old one, and the rerun must say so instead of "in step".
+``compare_stages`` names each difference in one line with the stage of deploy.yml it concerns:
+a stage without a record or whose inputs changed, and for what was left the stage that leaves
+it. A full run starts at the earliest over all nodes (the controller knows the stages' order:
+plugins/plugin_utils/deploy_stages.py), as the stages before it have nothing to do. Besides
+the record, it checks that every running rank-holding container (components ``ray`` and
+``vllm``) runs the image behind the serving alias: after ``playbooks/images.yml`` moved the
+alias, the containers still run the old one, and the rerun must say so instead of "in step".
 
 Pure standard library; the module reads Docker and the files.
 """
@@ -58,9 +58,9 @@ COMPONENT_LABEL = "dgx_spark.cluster.component"
 # Beyond this many entries (files and directories) below one volume, the args check's
 # fingerprint of it costs more than it saves; such a configuration is not remembered.
 TREE_LIMIT = 20000
-SETTINGS_CHANGED = "the settings, inventory or collection changed since the last full deploy"
-STAGE_SETTINGS_CHANGED = "the settings the {} stage reads first changed since the last full deploy"
-NO_RECORD = "no record of a full deploy on this node"
+NO_RECORD = "no record of a run of deploy.yml's stages on this node"
+# What the record keeps of what the stages left; the first four are refreshed item by item.
+LEFT = ("images", "files", "trees", "tables", "containers")
 # The first stage that reads what a difference names. The files (netplan, comm.env, the
 # ruleset) and the live table are host_prep's; an image reference the images stage reads; the
 # weights the model stage places; a container the stage that starts it.
@@ -71,6 +71,7 @@ TREES_STAGE = "model"
 RANK_IMAGE_STAGE = "ray"
 COMPONENT_STAGES = {
     "ray": "ray",
+    "ray-probe": "ray",
     "vllm": "serve",
     "watchdog": "serve",
     "prometheus": "monitoring",
@@ -256,8 +257,7 @@ def text_digest(text: str) -> str:
 
 def _image_reasons(before: dict, now: dict) -> list[str]:
     return [
-        f"{ref} is {short(now.get(ref, ''))} "
-        f"(was {short(before.get(ref, ''))} at the last full deploy)"
+        f"{ref} is {short(now.get(ref, ''))} (was {short(before.get(ref, ''))} at the last run)"
         for ref in sorted(set(before) | set(now))
         if before.get(ref, "") != now.get(ref, "")
     ]
@@ -270,12 +270,18 @@ def _file_reasons(before: dict, now: dict) -> list[str]:
         if old == new:
             continue
         if not new:
-            reasons.append(f"{path}: gone since the last full deploy")
+            reasons.append(f"{path}: gone since the last run")
         elif not old:
-            reasons.append(f"{path}: not there at the last full deploy")
+            reasons.append(f"{path}: not there at the last run")
         else:
-            reasons.append(f"{path}: edited since the last full deploy")
+            reasons.append(f"{path}: edited since the last run")
     return reasons
+
+
+def _some(names: list[str]) -> str:
+    """The first three names, and how many more."""
+    more = f" and {len(names) - 3} more" if len(names) > 3 else ""
+    return ", ".join(names[:3]) + more
 
 
 def _tree_reasons(before: dict, now: dict) -> list[str]:
@@ -285,10 +291,8 @@ def _tree_reasons(before: dict, now: dict) -> list[str]:
         changed = sorted(n for n in set(old) | set(new) if old.get(n) != new.get(n))
         if not changed:
             continue
-        named = ", ".join(changed[:3]) + (
-            f" and {len(changed) - 3} more" if len(changed) > 3 else ""
-        )
-        reasons.append(f"{root}: {named} changed, appeared or went since the last full deploy")
+        named = _some(changed)
+        reasons.append(f"{root}: {named} changed, appeared or went since the last run")
     return reasons
 
 
@@ -299,7 +303,7 @@ def _table_reasons(before: dict, now: dict) -> list[str]:
         if old == new:
             continue
         state = "gone" if not new else ("loaded" if not old else "differs")
-        reasons.append(f"nftables table {table}: {state} since the last full deploy")
+        reasons.append(f"nftables table {table}: {state} since the last run")
     return reasons
 
 
@@ -325,7 +329,7 @@ def _container_reasons(recorded: dict, containers: dict) -> list[tuple[str, str]
         component = (now or before or {}).get("component", "")
         stage = COMPONENT_STAGES.get(component, FIRST)
         if before is None:
-            reasons.append((stage, f"{name}: not there at the last full deploy"))
+            reasons.append((stage, f"{name}: not there at the last run"))
         elif now is None:
             reasons.append((stage, f"{name}: gone"))
         elif before["id"] != now["id"]:
@@ -333,29 +337,43 @@ def _container_reasons(recorded: dict, containers: dict) -> list[tuple[str, str]
         elif before["running"] and not now["running"]:
             reasons.append((stage, f"{name}: not running"))
         elif before != now:
-            reasons.append((stage, f"{name}: restarted or changed since the last full deploy"))
+            reasons.append((stage, f"{name}: restarted or changed since the last run"))
     return reasons
 
 
-def _fingerprint_reasons(before, now) -> list[tuple[str, str]]:
-    """(stage, reason) for each stage whose settings changed; a record of another shape (an
-    older collection's single digest) is every stage's."""
-    if not isinstance(before, dict) or not isinstance(now, dict) or set(before) != set(now):
-        return [] if before == now else [(FIRST, SETTINGS_CHANGED)]
-    return [
-        (stage, SETTINGS_CHANGED if stage == FIRST else STAGE_SETTINGS_CHANGED.format(stage))
-        for stage in now
-        if before[stage] != now[stage]
-    ]
+def _input_reasons(sections: dict, fingerprint: dict) -> list[tuple[str, str]]:
+    """(stage, reason) for each stage given (``fingerprint``: stage -> its inputs now) whose
+    record is missing or whose inputs differ, naming the settings that changed."""
+    reasons = []
+    for stage, inputs in fingerprint.items():
+        section = sections.get(stage)
+        valid = isinstance(section, dict) and section.get("format") == RECORD_FORMAT
+        changed = inputs_changed(section if valid else None, inputs)
+        if changed is None:
+            reasons.append((stage, f"no record of the {stage} stage on this node"))
+        elif changed:
+            names = ["the inventory or the collection" if n == "common" else n for n in changed]
+            reasons.append((stage, f"the {stage} stage's inputs changed: {_some(names)}"))
+    return reasons
+
+
+def read_deployment_record(text: str | None) -> dict | None:
+    """The deployment record from its JSON text; None when absent or of another shape (an
+    older collection's single record: every stage runs once)."""
+    record = read_stage_record(text, required=("stages", "left"))
+    if record is None or not isinstance(record["stages"], dict):
+        return None
+    return record if isinstance(record["left"], dict) else None
 
 
 def compare_stages(record: dict | None, now: dict) -> list[tuple[str, str]]:
-    """What differs between the record of the last full deploy and this node now, as (the
-    first stage concerned, the reason).
+    """What differs between a node's deployment record and the node now, as (the stage
+    concerned, the reason).
 
-    ``now`` has ``fingerprint`` (the record's inputs), the record's other keys
-    (``containers``, ``images``, ``files``, ``trees``, ``tables``) and ``serving_image``
-    ({"ref", "id"}), which is checked against the running containers and not recorded."""
+    ``now`` has ``fingerprint`` (stage -> the inputs each stage would record now), what the
+    stages leave (``containers``, ``images``, ``files``, ``trees``, ``tables``) and
+    ``serving_image`` ({"ref", "id"}), which is checked against the running containers and
+    not recorded."""
     serving = now.get("serving_image") or {}
     reasons = [
         (RANK_IMAGE_STAGE, reason)
@@ -365,13 +383,14 @@ def compare_stages(record: dict | None, now: dict) -> list[tuple[str, str]]:
     ]
     if not record:
         return [(FIRST, NO_RECORD), *reasons]
-    reasons += _fingerprint_reasons(record.get("inputs"), now.get("fingerprint"))
-    reasons += _container_reasons(record.get("containers") or {}, now.get("containers") or {})
+    left = record["left"]
+    reasons += _input_reasons(record["stages"], now.get("fingerprint") or {})
+    reasons += _container_reasons(left.get("containers") or {}, now.get("containers") or {})
     for stage, found in (
-        (IMAGES_STAGE, _image_reasons(record.get("images") or {}, now.get("images") or {})),
-        (FILES_STAGE, _file_reasons(record.get("files") or {}, now.get("files") or {})),
-        (TREES_STAGE, _tree_reasons(record.get("trees") or {}, now.get("trees") or {})),
-        (TABLES_STAGE, _table_reasons(record.get("tables") or {}, now.get("tables") or {})),
+        (IMAGES_STAGE, _image_reasons(left.get("images") or {}, now.get("images") or {})),
+        (FILES_STAGE, _file_reasons(left.get("files") or {}, now.get("files") or {})),
+        (TREES_STAGE, _tree_reasons(left.get("trees") or {}, now.get("trees") or {})),
+        (TABLES_STAGE, _table_reasons(left.get("tables") or {}, now.get("tables") or {})),
     ):
         reasons += [(stage, reason) for reason in found]
     return reasons
@@ -387,8 +406,17 @@ def stages_concerned(stage_reasons: list[tuple[str, str]]) -> list[str]:
     return list(dict.fromkeys(stage for stage, _reason in stage_reasons))
 
 
-def recorded(now: dict) -> dict:
-    """What is written: a stage record whose inputs are the fingerprint and which keeps
-    everything else compared against later, not the alias check's input."""
-    kept = {k: v for k, v in now.items() if k not in ("fingerprint", "serving_image")}
-    return stage_record(now["fingerprint"], **kept)
+def recorded(record: dict | None, now: dict, stage: str, components=()) -> dict:
+    """The deployment record after ``stage`` ran: its stage record made of
+    ``now["fingerprint"][stage]``; of what was left, each image, file, tree and table given in
+    ``now`` as it is now (the others as recorded) and the containers of ``components`` as they
+    are now (those of other components as recorded)."""
+    record = record or {"stages": {}, "left": {}}
+    stages = {**record["stages"], stage: stage_record(now["fingerprint"][stage])}
+    left = {kind: dict(record["left"].get(kind) or {}) for kind in LEFT}
+    for kind in LEFT[:-1]:
+        left[kind].update(now.get(kind) or {})
+    kept = {n: c for n, c in left["containers"].items() if c.get("component") not in components}
+    fresh = {n: c for n, c in (now.get("containers") or {}).items() if c["component"] in components}
+    left["containers"] = {**kept, **fresh}
+    return {"format": RECORD_FORMAT, "stages": stages, "left": left}

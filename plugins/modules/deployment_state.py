@@ -8,23 +8,24 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 ---
 module: deployment_state
-short_description: Record what a full deploy left on a node, and tell whether it is still so
+short_description: Record what a stage of deploy.yml left on a node, and tell whether it is still so
 version_added: "0.1.0"
 description:
-  - With O(state=recorded), writes the fingerprints of the settings a full run of
-    C(deploy.yml) applied, and the collection's containers on the node as they are now (ID,
-    image, running, start time, restarts), to a root-only file.
-  - With O(state=compared), reads that file and compares it with the fingerprint given and the
-    node as it is now. Any difference (a changed setting, a container stopped, restarted,
-    recreated or missing, a node that rebooted, an image reference that names another image,
-    a host file or weight edited, a firewall table flushed) is named in RV(reasons), and so is
-    a running rank container on another image than O(serving_image). RV(stages) are the
-    stages of C(deploy.yml) those differences concern.
+  - With O(state=recorded), a stage of C(deploy.yml) records at its end, in a root-only file,
+    what it was given (its inputs in O(fingerprint)) and what it left, the O(images),
+    O(files), O(trees) and O(tables) given as they are now, and the collection's containers of
+    O(components) (ID, image, running, start time, restarts). What other stages recorded stays.
+  - With O(state=compared), reads that file and compares it with the O(fingerprint) given and
+    the node as it is now. Any difference (a stage without a record, a changed setting, a
+    container stopped, restarted, recreated or missing, a node that rebooted, an image
+    reference that names another image, a host file or weight edited, a firewall table
+    flushed) is named in RV(reasons), and so is a running rank container on another image
+    than O(serving_image). RV(stages) are the stages of C(deploy.yml) those differences concern.
   - The comparison is C(plugins/module_utils/deployment_record.py).
   - C(deploy.yml) runs the stages from the earliest any node names on; a rerun with nothing to
     do costs a comparison and one completion instead of every stage's checks.
-  - The deploy_state role runs it for C(deploy.yml), O(state=compared) in its C(in_step)
-    entry point and O(state=recorded) in its C(record) entry point.
+  - The deploy_state role runs it, O(state=compared) in its C(in_step) entry point and
+    O(state=recorded) in its C(record) entry point, which every stage playbook ends with.
 author:
   - dgx_spark.cluster contributors (!UNKNOWN)
 attributes:
@@ -41,13 +42,14 @@ options:
     default: /var/lib/dgx-spark/deployed.json
   fingerprint:
     description:
-      - Digests of everything the run was given, by stage of C(deploy.yml) (C(host_prep),
-        C(images), C(model), C(ray), C(serve), C(monitoring)), each over the settings that
-        stage is the first to read; the first stage's also over the inventory and the
-        collection (C(plugins/plugin_utils/deploy_stages.py)).
-      - They are the record's inputs; the record has the shape of every record the stages
-        keep (C(stage_record) in C(plugins/module_utils/deployment_record.py)). A record of
-        another shape (an older collection's) counts as none, and every stage runs.
+      - What each stage of C(deploy.yml) (C(host_prep), C(images), C(model), C(ray), C(serve),
+        C(monitoring)) is given, by stage, the digest of every setting it reads and, under
+        C(common), of the inventory and the collection
+        (C(plugins/plugin_utils/deploy_stages.py)).
+      - With O(state=recorded), O(stage)'s entry is its record's inputs; each stage's record
+        has the shape of every record the stages keep (C(stage_record) in
+        C(plugins/module_utils/deployment_record.py)). A file of another shape (an older
+        collection's) counts as none, and every stage runs.
     type: dict
     required: true
   label:
@@ -87,6 +89,16 @@ options:
     type: list
     elements: str
     default: []
+  stage:
+    description: With O(state=recorded), the stage that records.
+    type: str
+  components:
+    description:
+      - With O(state=recorded), the components (label O(label)) whose containers O(stage)
+        records as they are now.
+    type: list
+    elements: str
+    default: []
   state:
     description: C(compared) reads and compares, C(recorded) writes.
     type: str
@@ -97,14 +109,16 @@ requirements:
 """
 
 EXAMPLES = r"""
-- name: Tell whether this node is as the last full deploy left it
+- name: Tell whether this node is as the stages left it
   dgx_spark.cluster.deployment_state:
-    fingerprint: "{{ settings | dgx_spark.cluster.deploy_state_fingerprints(inventory) }}"
+    fingerprint: "{{ settings | dgx_spark.cluster.deploy_state('fingerprints', inventory) }}"
   register: in_step
 
-- name: Record what this run left on the node
+- name: Record what the ray stage left on the node
   dgx_spark.cluster.deployment_state:
-    fingerprint: "{{ settings | dgx_spark.cluster.deploy_state_fingerprints(inventory) }}"
+    fingerprint: "{{ settings | dgx_spark.cluster.deploy_state('fingerprints', inventory) }}"
+    stage: ray
+    components: [ray, ray-probe]
     state: recorded
 """
 
@@ -120,11 +134,11 @@ reasons:
   elements: str
 stages:
   description:
-    - The stages of C(deploy.yml) that RV(reasons) concern, each once (a setting's first
-      reader, the host files' and the firewall's C(host_prep), an image reference's C(images),
-      the weights' C(model), a container's the stage that starts it); C(host_prep), every
-      stage, for a missing record or changed inventory. Empty when in step. The run starts at
-      the earliest over all nodes.
+    - The stages of C(deploy.yml) that RV(reasons) concern, each once (a stage without a
+      record or whose inputs changed, the host files' and the firewall's C(host_prep), an
+      image reference's C(images), the weights' C(model), a container's the stage that
+      starts it); C(host_prep), every stage, for a node without a record. Empty when in
+      step. The run starts at the earliest over all nodes.
   returned: always
   type: list
   elements: str
@@ -142,7 +156,7 @@ from ansible.module_utils.basic import AnsibleModule, missing_required_lib  # no
 from ansible_collections.dgx_spark.cluster.plugins.module_utils.deployment_record import (  # noqa: E402
     compare_stages,
     file_digest,
-    read_stage_record,
+    read_deployment_record,
     recorded,
     snapshot,
     stages_concerned,
@@ -160,7 +174,7 @@ except ImportError:
 def read_record(path: str) -> dict | None:
     try:
         with open(path, encoding="utf-8") as handle:
-            return read_stage_record(handle.read())
+            return read_deployment_record(handle.read())
     except OSError:
         return None
 
@@ -210,8 +224,11 @@ def main() -> None:
             "files": {"type": "list", "elements": "path", "default": []},
             "trees": {"type": "list", "elements": "path", "default": []},
             "tables": {"type": "list", "elements": "str", "default": []},
+            "stage": {"type": "str"},
+            "components": {"type": "list", "elements": "str", "default": []},
             "state": {"type": "str", "choices": ["compared", "recorded"], "default": "compared"},
         },
+        required_if=[("state", "recorded", ["stage"])],
         supports_check_mode=True,
     )
     if docker is None:
@@ -222,8 +239,10 @@ def main() -> None:
         containers = snapshot(inspect_all(client, params["label"]))
         images = image_ids(client, params["images"])
         serving = params["serving_image"]
-        # The alias is usually among the images read already.
-        serving_id = images[serving] if serving in images else image_ids(client, [serving])[serving]
+        # The alias is usually among the images read already; a stage's record reads none.
+        serving_id = images.get(serving) or (
+            image_ids(client, [serving])[serving] if serving else ""
+        )
     except docker.errors.DockerException as exc:
         module.fail_json(msg=f"cannot ask the Docker engine: {exc}")
     now = {
@@ -246,7 +265,9 @@ def main() -> None:
             containers=containers,
             images=images,
         )
-    wanted = recorded(now)
+    if params["stage"] not in params["fingerprint"]:
+        module.fail_json(msg=f"the fingerprint has no inputs of stage {params['stage']!r}")
+    wanted = recorded(record, now, params["stage"], params["components"])
     changed = record != wanted
     if changed and not module.check_mode:
         write_record(params["path"], wanted)

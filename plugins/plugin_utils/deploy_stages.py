@@ -12,11 +12,11 @@
   settings derive from (a role's default may read another role's setting: host_prep builds
   the firewall from ``vllm_serve_allowed_sources``).
 
-So a changed setting moves the record's digest of the first stage that reads it (the run starts
-there), and nothing is guessed from a setting's prefix. Which stages a run's tags reach follows
-from the same order and roles. A setting is a name that starts with ``spark_`` or with the name
-of a role a stage enters; one that no stage reads is the first stage's (when unsure, every
-stage)."""
+So a changed setting changes the recorded inputs of every stage that reads it (a full run
+starts at the first of them), and nothing is guessed from a setting's prefix. Which stages a
+run's tags reach follows from the same order and roles. A setting is a name that starts with
+``spark_`` or with the name of a role a stage enters; one that no stage reads is the first
+stage's (when unsure, every stage)."""
 
 from __future__ import annotations
 
@@ -31,7 +31,8 @@ from ansible_collections.dgx_spark.cluster.plugins.module_utils.deployment_recor
 
 ROOT = Path(__file__).resolve().parents[2]
 COLLECTION = "dgx_spark.cluster."
-# Checked on every run of deploy.yml: the record's settings and the settings no stage owns.
+# Checked on every run of deploy.yml, and entered by every stage to record itself: the
+# record's settings and the settings no stage owns.
 ALWAYS = ("deploy_state", "operate")
 # Tags that select more than one stage's tasks, or tasks of every stage.
 EVERY = frozenset({"all", "always", "tagged", "untagged"})
@@ -50,12 +51,15 @@ IMPORT_PLAYBOOK = {"import_playbook", "ansible.builtin.import_playbook"}
 @dataclass(frozen=True)
 class Stages:
     """order: the stages; roles: stage -> the roles it enters, its own first; reads: stage ->
-    the settings it reads; settings: the pattern a setting's name matches."""
+    the settings it reads; settings: the pattern a setting's name matches; results: the names
+    of that pattern a task sets (set_fact, register): what a role found or publishes, not
+    what the run was given."""
 
     order: tuple
     roles: dict
     reads: dict
     settings: re.Pattern
+    results: frozenset = frozenset()
 
     @property
     def first(self) -> str:
@@ -147,6 +151,23 @@ def _definitions(root: Path, pattern: re.Pattern) -> dict[str, set]:
     return found
 
 
+SET_FACT = {"set_fact", "ansible.builtin.set_fact"}
+
+
+def _set_names(node) -> set[str]:
+    """The names a task file sets: set_fact's keys and register's values."""
+    if isinstance(node, list):
+        return set().union(*(_set_names(item) for item in node))
+    if not isinstance(node, dict):
+        return set()
+    found = {str(node["register"])} if isinstance(node.get("register"), str) else set()
+    for key, value in node.items():
+        if key in SET_FACT and isinstance(value, dict):
+            found |= {str(name) for name in value}
+        found |= _set_names(value)
+    return found
+
+
 def _closure(names: set, definitions: dict) -> frozenset:
     seen, todo = set(), list(names)
     while todo:
@@ -182,13 +203,15 @@ def load(root: str = str(ROOT)) -> Stages:
             for name in task_files
             if (base / "playbooks" / name).is_file()
         ]
-        found = list(dict.fromkeys(own + entered))
+        # The bookkeeping (ALWAYS) every stage enters to record itself is read on every run:
+        # no stage's own setting.
+        found = [role for role in dict.fromkeys(own + entered) if role not in ALWAYS]
         todo = list(found)
         while todo:
             role_entered, role_facts = _roles_entered_by(base, todo.pop(0))
             facts += role_facts
             for role in role_entered:
-                if role not in found:
+                if role not in found and role not in ALWAYS:
                     found.append(role)
                     todo.append(role)
         order.append(stage)
@@ -204,7 +227,13 @@ def load(root: str = str(ROOT)) -> Stages:
         )
         for stage in order
     }
-    return Stages(tuple(order), roles, reads, pattern)
+    results = frozenset(
+        name
+        for path in sorted(base.glob("roles/*/tasks/**/*.yml"))
+        for name in _set_names(_load_yaml(path))
+        if pattern.fullmatch(name)
+    )
+    return Stages(tuple(order), roles, reads, pattern, results)
 
 
 def stage_of(tag: str, stages: Stages | None = None) -> str | None:
@@ -254,24 +283,29 @@ def roles_to_validate(
     return [role for role in stages.all_roles if role in wanted or role in ALWAYS]
 
 
-def setting_stage(name: str, stages: Stages | None = None) -> str:
-    """The first stage, in deploy.yml's order, that reads a setting: a change to it leaves the
-    stages before that one nothing to do. The first stage for a name no stage reads."""
+def fingerprints(settings: dict, common, stages: Stages | None = None) -> dict[str, dict]:
+    """{stage: inputs} for each stage's record: the 16-hex digest of every setting given that
+    the stage reads (a setting no stage reads is the first stage's; a name a task sets is no
+    setting: Stages.results), and under ``common`` that
+    of ``common`` (the inventory's hosts and groups, the collection's files), which every stage
+    reads. A changed setting so changes the inputs of every stage that reads it, and a stage
+    run alone records exactly what it applied: the run starts at the first stage whose record
+    differs."""
     stages = stages or load()
-    return next((stage for stage in stages.order if name in stages.reads[stage]), stages.first)
-
-
-def fingerprints(settings: dict, common, stages: Stages | None = None) -> dict[str, str]:
-    """{stage: digest} for deploy.yml's record: each stage's digest covers the settings that
-    stage is the first to read (setting_stage); the first stage's also covers ``common`` (the
-    inventory's hosts and groups, the collection's files), which every stage reads."""
-    stages = stages or load()
-    parts: dict[str, dict] = {stage: {} for stage in stages.order}
-    for name, value in settings.items():
-        parts[setting_stage(str(name), stages)][str(name)] = value
-    digests = {stage: digest(part) for stage, part in parts.items()}
-    digests[stages.first] = digest({"settings": parts[stages.first], "common": common})
-    return digests
+    settings = {k: v for k, v in settings.items() if k not in stages.results}
+    read_by_any = set().union(*stages.reads.values())
+    shared = digest(common, 16)
+    inputs = {}
+    for stage in stages.order:
+        reads = stages.reads[stage]
+        first = stage == stages.first
+        part = {
+            str(name): digest(value, 16)
+            for name, value in settings.items()
+            if name in reads or (first and name not in read_by_any)
+        }
+        inputs[stage] = {**part, "common": shared}
+    return inputs
 
 
 def earliest(names, stages: Stages | None = None) -> str:

@@ -85,7 +85,7 @@ def pytest_terminal_summary(terminalreporter) -> None:
 
 # The order `make test` runs the modules in, for speed only: every module takes the pair from
 # what it finds (deployed_pair / serving_pair run deploy.yml, whose in-step check ends every
-# stage at once when the pair is as the last full run left it, and otherwise repairs from the
+# stage at once when the pair is as its stages left it, and otherwise repairs from the
 # first stage out of step), so no module needs another to run before it; tools/sim_alone.py
 # runs each module alone, in a shuffled order, to show it. This order only saves whole runs:
 # read-only checks and refusals first (host_prep.yml before any deploy of the tests'), the

@@ -1,6 +1,6 @@
 """A rerun of deploy.yml with nothing to do runs no stage, and anything that moved is seen.
 
-playbooks/in_step.yml compares every node with the record the last full run left there
+playbooks/in_step.yml compares every node with the record its stages left there
 (settings fingerprints, the collection's containers) and asks for one token; in step, every
 stage ends at once; otherwise the run starts at the first stage anything moved in.
 benchmarks/noop_rerun.py prints what that costs against a ping.
@@ -77,6 +77,31 @@ def test_a_rerun_with_nothing_to_do_runs_no_stage(in_step):
     assert probes and probes[0]["healthy"] and not probes[0].get("skipped"), probes
 
 
+def test_a_stage_run_alone_records_what_it_was_given(in_step):
+    """host_prep.yml alone with a setting only host_prep reads: its own record takes the
+    value, so the in-step check given the same value finds the pair in step, and without it
+    names that setting under host_prep. Running it again with the inventory's value puts the
+    record back."""
+    setting = "host_prep_peer_wait_s=31"
+    alone = run_playbook("playbooks/host_prep.yml", "-e", setting)
+    try:
+        assert alone.rc == 0, alone.failures() or alone.raw[-3000:]
+        assert "Record what the host_prep stage was given and left" in {
+            name for name, _h, r in alone.results() if not r.get("skipped")
+        }
+        same = run_playbook("playbooks/in_step.yml", "-e", setting)
+        assert report(same).startswith("In step"), report(same)
+        plain = run_playbook("playbooks/in_step.yml")
+        assert report(plain).startswith("Running every stage"), report(plain)
+        assert "spark-1: the host_prep stage's inputs changed: host_prep_peer_wait_s" in report(
+            plain
+        ), report(plain)
+    finally:
+        back = run_playbook("playbooks/host_prep.yml")
+    assert back.rc == 0, back.failures() or back.raw[-3000:]
+    assert report(run_playbook("playbooks/in_step.yml")).startswith("In step")
+
+
 def test_a_stopped_container_puts_the_pair_out_of_step(in_step, hosts):
     head = hosts["spark-1"]
     head.check_output("sudo docker stop dgx-spark-watchdog")
@@ -97,10 +122,11 @@ def test_a_stopped_container_puts_the_pair_out_of_step(in_step, hosts):
     [
         # Read first by the serving stage: the stages before it have nothing to do.
         ("vllm_serve_max_model_len=256",
-         "the settings the serve stage reads first changed", "Running the stages from serve on"),
+         "the serve stage's inputs changed: vllm_serve_max_model_len",
+         "Running the stages from serve on"),
         # The firewall opens the serving port: host_prep reads it first, so every stage.
         ("vllm_serve_port=8001",
-         "the settings, inventory or collection changed", "Running every stage"),
+         "the host_prep stage's inputs changed: vllm_serve_port", "Running every stage"),
     ],
 )  # fmt: skip
 def test_a_changed_setting_puts_the_pair_out_of_step(in_step, setting, said, start):
@@ -152,8 +178,8 @@ def test_drift_a_rerun_must_see_is_seen_and_repaired(in_step, hosts):
     check = run_playbook("playbooks/in_step.yml")
     said = report(check)
     for line in (
-        "spark-2: nftables table inet dgx_spark: differs since the last full deploy",
-        "spark-1: /etc/dgx-spark/comm.env: edited since the last full deploy",
+        "spark-2: nftables table inet dgx_spark: differs since the last run",
+        "spark-1: /etc/dgx-spark/comm.env: edited since the last run",
         f"spark-2: {alias} is sha256:",
         f"spark-2: /var/lib/dgx-spark/models: tiny-qwen3-moe/{shard} changed",
     ):

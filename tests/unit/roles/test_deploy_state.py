@@ -61,18 +61,28 @@ def test_in_step_on_a_run_that_is_not_full_compares_nothing_and_runs_the_stages(
     proc, out = run(tmp_path, "in_step", deploy_full=True)
     assert proc.returncode == 0, out
     assert "Running the stages asked for." in out, out
-    for task in ("Compare each node with the record of the last full run",
+    for task in ("Compare each node with the record its stages wrote",
                  "Ask the pair for one token"):  # fmt: skip
         assert re.search(rf"TASK \[[^]]*{task}\][^\n]*\n(skipping: [^\n]*\n)+", out), out
 
 
-def test_record_on_a_run_that_is_not_full_writes_nothing(tmp_path):
-    """record.yml alone never follows in_step.yml's fingerprint, so it records nothing."""
+def test_record_needs_its_stage_and_writes_nothing_in_check_mode(tmp_path):
+    """The record entry point is a stage's: without deploy_stage it is refused by its spec; in
+    check mode it writes nothing."""
     proc, out = run(tmp_path, "record")
+    assert proc.returncode != 0, out
+    assert "missing required arguments: deploy_stage" in out, out
+    record = tmp_path / "deployed.json"
+    proc = run_entry_point(tmp_path, "deploy_state", "record", "--check", "-e",
+                           json.dumps({"deploy_stage": "ray",
+                                       "deploy_state_record_file": str(record)}))  # fmt: skip
+    out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     assert re.search(
-        r"TASK \[[^]]*Record the fingerprint[^]]*\][^\n]*\n(skipping: [^\n]*\n)+", out
+        r"TASK \[[^]]*Record what the ray stage was given and left\][^\n]*\n(skipping: [^\n]*\n)+",
+        out,
     ), out
+    assert not record.exists()
 
 
 @pytest.mark.parametrize(
@@ -83,7 +93,7 @@ def test_record_on_a_run_that_is_not_full_writes_nothing(tmp_path):
         (["all"], ["molecule-notest", "notest"], False, True),
         (["all"], ["notest", "vllm_serve"], False, False),
         (["serve"], [], False, False),
-        # Check mode is compared as the real run would be (tasks/record.yml records nothing).
+        # Check mode is compared as the real run would be (no stage records in check mode).
         (["all"], [], True, True),
     ],
 )
@@ -98,19 +108,36 @@ def test_what_counts_as_a_full_run(run_tags, skip_tags, check, full):
     assert templar.template(trust_as_template(expr)) is full
 
 
-def test_the_guard_and_the_record_play_read_the_roles_fact():
+def test_every_stage_records_itself_at_its_end_and_the_guard_reads_the_roles_fact():
+    """The last play of every stage playbook ends with tasks/stage_record.yml for its own
+    stage; the guard before every stage reads the in-step fact and fingerprints a stage run
+    alone."""
     guard = (ROOT / "playbooks/tasks/in_step_guard.yml").read_text()
-    record = yaml.safe_load((ROOT / "playbooks/record.yml").read_text())
     assert "deploy_state_in_step | default(false) | bool" in guard
-    (task,) = record[0]["tasks"]
-    assert task["ansible.builtin.include_role"]["name"] == "dgx_spark.cluster.deploy_state"
-    assert task["when"] == "not deploy_state_in_step | default(false) | bool"
+    assert "tasks_from: fingerprint" in guard
+    stages = [
+        entry["tags"][0]
+        for entry in yaml.safe_load((ROOT / "playbooks/deploy.yml").read_text())
+        if entry.get("tags")
+    ]
+    assert stages == ["host_prep", "images", "model", "ray", "serve", "monitoring"]
+    for stage in stages:
+        plays = yaml.safe_load((ROOT / "playbooks" / f"{stage}.yml").read_text())
+        (last,) = plays[-1]["post_tasks"]
+        assert last["ansible.builtin.import_tasks"] == "tasks/stage_record.yml", stage
+        assert last["vars"] == {"deploy_stage": stage}
+        assert all("post_tasks" not in play for play in plays[:-1]), stage
+    (record,) = yaml.safe_load((ROOT / "playbooks/tasks/stage_record.yml").read_text())
+    assert record["ansible.builtin.include_role"]["tasks_from"] == "record"
+    assert "not ansible_check_mode" in record["when"]
     facts = [
         t["ansible.builtin.set_fact"]
         for t in yaml.safe_load((ROLE / "tasks/in_step.yml").read_text())
         if "ansible.builtin.set_fact" in t
     ]
     assert any("deploy_state_in_step" in f for f in facts)
+    left = yaml.safe_load((ROLE / "vars/main.yml").read_text())["_deploy_state_left"]
+    assert list(left) == stages
 
 
 def scalars(node) -> list[str]:

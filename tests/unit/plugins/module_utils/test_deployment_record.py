@@ -1,8 +1,9 @@
-"""deployment_record: what a node's record of the last full run says against the node now."""
+"""deployment_record: what a node's record of its stages says against the node now."""
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 
 import pytest
@@ -29,10 +30,25 @@ CONTAINERS = dr.snapshot(
 IMAGES = {"dgx-spark/vllm-serving:current": OLD, "vllm-donor:0.32.0-cpu": "sha256:" + "d" * 64}
 
 
+STAGES = ("host_prep", "images", "model", "ray", "serve", "monitoring")
+# Each stage's inputs: a digest per setting it reads, and the inventory's and collection's.
+FINGERPRINT = {stage: {f"{stage}_x": stage[0] * 16, "common": "c" * 16} for stage in STAGES}
+# What each stage leaves (roles/deploy_state/vars/main.yml): the kinds it refreshes, and the
+# components whose containers it records.
+OWN = {
+    "host_prep": (("files", "tables"), ()),
+    "images": (("images",), ()),
+    "model": (("trees",), ()),
+    "ray": ((), ("ray", "ray-probe")),
+    "serve": ((), ("vllm", "watchdog", "ray")),
+    "monitoring": (("files", "tables"), ("prometheus", "node-exporter")),
+}
+
+
 def node(**changes) -> dict:
-    """The node as the record saw it, with changes."""
+    """The node as the stages left it, with changes."""
     now = {
-        "fingerprint": "f",
+        "fingerprint": FINGERPRINT,
         "containers": CONTAINERS,
         "images": IMAGES,
         "files": {"/etc/dgx-spark/comm.env": "c" * 64, "/etc/netplan/40-cx7.yaml": ""},
@@ -43,12 +59,29 @@ def node(**changes) -> dict:
     return {**now, **changes}
 
 
-RECORD = dr.recorded(node())
+def run_stages(now: dict, record: dict | None = None, stages=STAGES) -> dict:
+    """The record after these stages ran, in order, each recording what it leaves of ``now``
+    (the monitoring stage the firewall file only)."""
+    for stage in stages:
+        kinds, components = OWN[stage]
+        given = {kind: now[kind] for kind in kinds}
+        if stage == "monitoring":
+            given["files"] = {COMM: now["files"][COMM]} if COMM in now["files"] else {}
+        given.update(fingerprint=now["fingerprint"], containers=now["containers"])
+        record = dr.recorded(record, given, stage, components)
+    return record
+
+
+RECORD = run_stages(node())
 
 
 def test_the_node_as_recorded_is_in_step():
     assert dr.compare(RECORD, node()) == []
-    assert "serving_image" not in RECORD
+    assert sorted(RECORD) == ["format", "left", "stages"]
+    assert list(RECORD["stages"]) == list(STAGES)
+    assert RECORD["stages"]["serve"] == dr.stage_record(FINGERPRINT["serve"])
+    assert "serving_image" not in RECORD["left"]
+    assert dr.read_deployment_record(json.dumps(RECORD)) == RECORD
 
 
 def test_no_record_is_out_of_step():
@@ -56,7 +89,7 @@ def test_no_record_is_out_of_step():
 
 
 LATER = "2026-11-30T11:00:00Z"
-MOVED = "dgx-spark-vllm: restarted or changed since the last full deploy"
+MOVED = "dgx-spark-vllm: restarted or changed since the last run"
 
 
 @pytest.mark.parametrize(
@@ -68,7 +101,7 @@ MOVED = "dgx-spark-vllm: restarted or changed since the last full deploy"
         ({"cid": "c2", "started": LATER}, [], MOVED),
         ({"cid": "c2", "restarts": 1}, [], MOVED),
         ({"cid": "c2"}, [inspected("dgx-spark-watchdog", "c9", component="watchdog")],
-         "dgx-spark-watchdog: not there at the last full deploy"),
+         "dgx-spark-watchdog: not there at the last run"),
     ],
 )  # fmt: skip
 def test_a_container_that_moved_is_named(vllm, extra, reason):
@@ -78,8 +111,62 @@ def test_a_container_that_moved_is_named(vllm, extra, reason):
     assert dr.compare(RECORD, node(containers=dr.snapshot(now))) == [reason]
 
 
-def test_a_changed_fingerprint_is_named():
-    assert dr.compare(RECORD, node(fingerprint="new")) == [dr.SETTINGS_CHANGED]
+def test_changed_inputs_are_named_by_stage_and_setting():
+    serve = {**FINGERPRINT["serve"], "vllm_serve_max_model_len": "1" * 16}
+    assert dr.compare_stages(RECORD, node(fingerprint={**FINGERPRINT, "serve": serve})) == [
+        ("serve", "the serve stage's inputs changed: vllm_serve_max_model_len")
+    ]
+    common = {stage: {**inputs, "common": "d" * 16} for stage, inputs in FINGERPRINT.items()}
+    found = dr.compare_stages(RECORD, node(fingerprint=common))
+    assert found == [
+        (stage, f"the {stage} stage's inputs changed: the inventory or the collection")
+        for stage in STAGES
+    ]
+    many = {**FINGERPRINT["ray"], **{f"ray_cluster_{i}": "2" * 16 for i in range(5)}}
+    assert dr.compare(RECORD, node(fingerprint={**FINGERPRINT, "ray": many})) == [
+        "the ray stage's inputs changed: ray_cluster_0, ray_cluster_1, ray_cluster_2 and 2 more"
+    ]
+
+
+def test_a_stage_without_a_record_is_named_and_an_older_shape_counts_as_none():
+    """A run that failed in the ray stage recorded the stages before it only."""
+    partial = run_stages(node(), stages=STAGES[:3])
+    assert dr.compare_stages(partial, node()) == [
+        ("ray", "no record of the ray stage on this node"),
+        ("serve", "no record of the serve stage on this node"),
+        ("monitoring", "no record of the monitoring stage on this node"),
+        ("ray", "dgx-spark-ray: not there at the last run"),
+        ("serve", "dgx-spark-vllm: not there at the last run"),
+    ]
+    older = dr.stage_record({"host_prep": "h" * 64}, containers=CONTAINERS, images=IMAGES)
+    assert dr.read_deployment_record(json.dumps(older)) is None
+    assert dr.read_deployment_record("{}") is None
+    assert dr.read_deployment_record(None) is None
+
+
+def test_a_stage_run_alone_keeps_what_the_others_left():
+    """The images stage run alone after comm.env was edited by hand: the edit is still named
+    (only host_prep's record takes the file as it is now); host_prep alone takes it."""
+    edited = node(files={**node()["files"], COMM: "e" * 64})
+    after_images = run_stages(edited, RECORD, ["images"])
+    assert dr.compare(after_images, edited) == [f"{COMM}: edited since the last run"]
+    assert dr.compare(run_stages(edited, after_images, ["host_prep"]), edited) == []
+
+
+def test_the_serve_stage_keeps_the_ray_containers_it_moved_and_a_stage_drops_its_gone_ones():
+    moved = node(containers=dr.snapshot([
+        inspected("dgx-spark-ray", "c5"),
+        inspected("dgx-spark-vllm", "c6", component="vllm"),
+        inspected("dgx-spark-prometheus", "c7", component="prometheus"),
+    ]))  # fmt: skip
+    assert dr.compare(run_stages(moved, RECORD, ["serve", "monitoring"]), moved) == []
+    gone = node(containers=CONTAINERS)
+    record = run_stages(moved, RECORD, ["serve", "monitoring"])
+    assert [stage for stage, _ in dr.compare_stages(record, gone)] == ["monitoring", "ray", "serve"]
+    # The monitoring stage with spark_monitoring false removed its containers, and records so.
+    assert (
+        "dgx-spark-prometheus" not in run_stages(gone, record, ["monitoring"])["left"]["containers"]
+    )
 
 
 def test_the_alias_moved_away_from_what_the_ranks_run_is_named_per_container():
@@ -89,7 +176,7 @@ def test_the_alias_moved_away_from_what_the_ranks_run_is_named_per_container():
     assert dr.compare(RECORD, moved) == [
         f"{ALIAS} is sha256:a63a63a63a63 but dgx-spark-ray runs sha256:7a57a57a57a5",
         f"{ALIAS} is sha256:a63a63a63a63 but dgx-spark-vllm runs sha256:7a57a57a57a5",
-        f"{ALIAS} is sha256:a63a63a63a63 (was sha256:7a57a57a57a5 at the last full deploy)",
+        f"{ALIAS} is sha256:a63a63a63a63 (was sha256:7a57a57a57a5 at the last run)",
     ]
 
 
@@ -115,21 +202,20 @@ def test_the_alias_check_holds_without_a_record_and_skips_stopped_and_other_cont
 def test_a_donor_pulled_anew_is_named():
     pulled = node(images={**IMAGES, "vllm-donor:0.32.0-cpu": NEW})
     assert dr.compare(RECORD, pulled) == [
-        "vllm-donor:0.32.0-cpu is sha256:a63a63a63a63 "
-        "(was sha256:dddddddddddd at the last full deploy)"
+        "vllm-donor:0.32.0-cpu is sha256:a63a63a63a63 (was sha256:dddddddddddd at the last run)"
     ]
 
 
 @pytest.mark.parametrize(
     ("files", "reason"),
     [
-        ({COMM: "e" * 64}, f"{COMM}: edited since the last full deploy"),
-        ({COMM: ""}, f"{COMM}: gone since the last full deploy"),
-        ({NETPLAN: "n" * 64}, f"{NETPLAN}: not there at the last full deploy"),
+        ({COMM: "e" * 64}, f"{COMM}: edited since the last run"),
+        ({COMM: ""}, f"{COMM}: gone since the last run"),
+        ({NETPLAN: "n" * 64}, f"{NETPLAN}: not there at the last run"),
     ],
 )  # fmt: skip
 def test_a_host_file_that_moved_is_named(files, reason):
-    assert dr.compare(RECORD, node(files={**RECORD["files"], **files})) == [reason]
+    assert dr.compare(RECORD, node(files={**node()["files"], **files})) == [reason]
 
 
 def test_a_weight_file_that_moved_is_named():
@@ -137,7 +223,7 @@ def test_a_weight_file_that_moved_is_named():
     edited = node(trees={root: {"m/model-00001-of-00002.safetensors": [10, 6], "m/extra": [1, 1]}})
     assert dr.compare(RECORD, edited) == [
         f"{root}: m/extra, m/model-00001-of-00002.safetensors changed, appeared or went since the "
-        "last full deploy"
+        "last run"
     ]
     many = node(trees={root: {f"f{i}": [1, 1] for i in range(5)}})
     assert "f0, f1, f2 and 3 more" in dr.compare(RECORD, many)[0]
@@ -148,7 +234,7 @@ def test_a_weight_file_that_moved_is_named():
 )  # fmt: skip
 def test_a_live_table_that_moved_is_named(digest, word):
     assert dr.compare(RECORD, node(tables={"inet dgx_spark": digest})) == [
-        f"nftables table inet dgx_spark: {word} since the last full deploy"
+        f"nftables table inet dgx_spark: {word} since the last run"
     ]
 
 
@@ -179,8 +265,7 @@ def test_tree_stat_follows_links_and_leaves_hidden_entries_out(tmp_path):
     }
 
 
-FINGERPRINT = {stage: stage[0] * 64 for stage in ("host_prep", "images", "model", "ray", "serve")}
-STAGED = dr.recorded(node(fingerprint=FINGERPRINT))
+STAGED = RECORD
 
 
 def more(*inspections) -> dict:
@@ -192,13 +277,13 @@ def more(*inspections) -> dict:
     ("changes", "stages"),
     [
         ({}, []),
-        # The settings each stage reads first; the first stage's cover the inventory too.
-        ({"fingerprint": {**FINGERPRINT, "serve": "x" * 64}}, ["serve"]),
-        ({"fingerprint": {**FINGERPRINT, "images": "x" * 64}}, ["images"]),
-        ({"fingerprint": {**FINGERPRINT, "host_prep": "x" * 64}}, ["host_prep"]),
-        # A record of one digest (an older collection's), or of other stages: every stage.
-        ({"fingerprint": "f"}, ["host_prep"]),
-        ({"fingerprint": {**FINGERPRINT, "monitoring": "m" * 64}}, ["host_prep"]),
+        # The stages whose inputs changed.
+        ({"fingerprint": {**FINGERPRINT, "serve": {"common": "x" * 16}}}, ["serve"]),
+        ({"fingerprint": {**FINGERPRINT, "images": {}}}, ["images"]),
+        ({"fingerprint": {**FINGERPRINT, "host_prep": {"x": "1"}, "ray": {"x": "1"}}},
+         ["host_prep", "ray"]),
+        # A stage no run recorded yet.
+        ({"fingerprint": {**FINGERPRINT, "later": {}}}, ["later"]),
         # A container: the stage that starts it; one no stage is known to start, every stage.
         ({"containers": dr.snapshot([inspected("dgx-spark-ray")])}, ["serve"]),
         ({"containers": dr.snapshot([inspected("dgx-spark-vllm", "c2", component="vllm")])},
@@ -207,30 +292,20 @@ def more(*inspections) -> dict:
         ({"containers": more(inspected("p", "c8", component="prometheus"))}, ["monitoring"]),
         ({"containers": more(inspected("x", "c7", component=""))}, ["host_prep"]),
         ({"images": {**IMAGES, "vllm-donor:0.32.0-cpu": NEW}}, ["images"]),
-        ({"files": {**RECORD["files"], COMM: "e" * 64}}, ["host_prep"]),
+        ({"files": {**node()["files"], COMM: "e" * 64}}, ["host_prep"]),
         ({"trees": {"/var/lib/dgx-spark/models": {}}}, ["model"]),
         ({"tables": {"inet dgx_spark": ""}}, ["host_prep"]),
     ],
 )  # fmt: skip
 def test_each_difference_names_the_first_stage_it_concerns(changes, stages):
-    found = dr.compare_stages(STAGED, node(**{"fingerprint": FINGERPRINT, **changes}))
+    found = dr.compare_stages(STAGED, node(**changes))
     assert [stage for stage, _reason in found] == stages
     assert dr.stages_concerned(found) == list(dict.fromkeys(stages))
-
-
-def test_a_stages_settings_are_named_by_the_stage():
-    found = dr.compare_stages(STAGED, node(fingerprint={**FINGERPRINT, "serve": "x" * 64}))
-    assert found == [
-        ("serve", "the settings the serve stage reads first changed since the last full deploy")
-    ]
-    inventory = dr.compare_stages(STAGED, node(fingerprint={**FINGERPRINT, "host_prep": "x"}))
-    assert inventory == [("host_prep", dr.SETTINGS_CHANGED)]
 
 
 def test_a_rebuilt_image_starts_at_the_images_stage_whatever_the_ranks_run():
     """images.yml moved the alias and the donor: the images stage (the ranks move later)."""
     moved = node(
-        fingerprint=FINGERPRINT,
         images={**IMAGES, ALIAS: NEW, "vllm-donor:0.32.0-cpu": NEW},
         serving_image={"ref": ALIAS, "id": NEW},
     )

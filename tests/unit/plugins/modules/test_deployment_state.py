@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 
@@ -60,32 +61,48 @@ def test_record_then_compare_round_trip(tmp_path, capsys, monkeypatch):
     weights.mkdir()
     (weights / "w.safetensors").write_bytes(b"w")
     path = str(tmp_path / "state" / "deployed.json")
-    args = {"path": path, "fingerprint": {"host_prep": "f", "serve": "s"},
+    fingerprint = {"host_prep": {"a": "f"}, "serve": {"b": "s"}}
+    args = {"path": path, "fingerprint": fingerprint,
             "images": ["alias:current", "donor:1", "absent:1"],
             "serving_image": "alias:current", "files": [str(comm_env)], "trees": [str(weights)],
             "tables": []}  # fmt: skip
     rc, result = run_module(deployment_state, args, capsys)
     assert rc == 0 and not result["in_step"] and not result["changed"]
     assert result["stages"] == ["host_prep"]  # no record yet
-    rc, result = run_module(
-        deployment_state, {**args, "state": "recorded"}, capsys, check_mode=True
-    )
+    # host_prep records what it was given and left everything here; serve its containers.
+    host_prep = {**args, "state": "recorded", "stage": "host_prep"}
+    serve = {**args, "state": "recorded", "stage": "serve", "components": ["ray", "vllm"],
+             "images": [], "files": [], "trees": []}  # fmt: skip
+    rc, result = run_module(deployment_state, host_prep, capsys, check_mode=True)
     assert result["changed"] and not os.path.exists(path)
-    rc, result = run_module(deployment_state, {**args, "state": "recorded"}, capsys)
+    rc, result = run_module(deployment_state, host_prep, capsys)
     assert result["changed"] and stat.S_IMODE(os.stat(path).st_mode) == 0o600
-    rc, result = run_module(deployment_state, {**args, "state": "recorded"}, capsys)
+    rc, result = run_module(deployment_state, args, capsys)
+    assert result["reasons"] == [
+        "no record of the serve stage on this node",
+        "dgx-spark-ray: not there at the last run",
+        "dgx-spark-vllm: not there at the last run",
+    ]
+    assert result["stages"] == ["serve", "ray"]
+    rc, result = run_module(deployment_state, serve, capsys)
+    assert result["changed"]
+    rc, result = run_module(deployment_state, serve, capsys)
     assert not result["changed"]
     rc, result = run_module(deployment_state, args, capsys)
     assert result["in_step"] and result["reasons"] == [] and result["stages"] == []
+    with open(path, encoding="utf-8") as handle:
+        assert sorted(json.load(handle)["stages"]) == ["host_prep", "serve"]
+    rc, result = run_module(deployment_state, {**serve, "stage": "model"}, capsys)
+    assert rc == 1 and result["msg"] == "the fingerprint has no inputs of stage 'model'"
     FakeDocker.containers_now[1] = inspected(
         "dgx-spark-vllm", "c2", running=False, component="vllm"
     )
     rc, result = run_module(deployment_state, args, capsys)
     assert not result["in_step"] and result["reasons"] == ["dgx-spark-vllm: not running"]
     assert result["stages"] == ["serve"]
-    changed = {**args, "fingerprint": {"host_prep": "f", "serve": "t"}}
+    changed = {**args, "fingerprint": {**fingerprint, "serve": {"b": "t"}}}
     assert run_module(deployment_state, changed, capsys)[1]["reasons"] == [
-        "the settings the serve stage reads first changed since the last full deploy",
+        "the serve stage's inputs changed: b",
         "dgx-spark-vllm: not running",
     ]
     FakeDocker.containers_now[1] = inspected("dgx-spark-vllm", "c2", component="vllm")
@@ -99,8 +116,8 @@ def test_record_then_compare_round_trip(tmp_path, capsys, monkeypatch):
     assert result["reasons"] == [
         "alias:current is sha256:222222222222 but dgx-spark-ray runs sha256:111111111111",
         "alias:current is sha256:222222222222 but dgx-spark-vllm runs sha256:111111111111",
-        "alias:current is sha256:222222222222 (was sha256:111111111111 at the last full deploy)",
-        f"{comm_env}: edited since the last full deploy",
-        f"{weights}: w.safetensors changed, appeared or went since the last full deploy",
+        "alias:current is sha256:222222222222 (was sha256:111111111111 at the last run)",
+        f"{comm_env}: edited since the last run",
+        f"{weights}: w.safetensors changed, appeared or went since the last run",
     ]
     assert result["stages"] == ["ray", "images", "host_prep", "model"]  # host_prep: the file

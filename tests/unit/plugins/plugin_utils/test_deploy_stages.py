@@ -217,6 +217,27 @@ def test_the_earliest_refuses_a_string():
         filters.deploy_stages_earliest("serve")
 
 
+SETTINGS = {
+    "spark_gpus": 1,
+    "host_prep_mtu": 9000,
+    "hybrid_image_donor": "vllm-donor:0.32.0-cpu",
+    "vllm_serve_max_model_len": 2048,
+    "vllm_serve_port": 8000,
+}
+COMMON = {"hosts": ["172.30.240.11", "172.30.240.12"], "collection": "c" * 64}
+
+
+def moved(before: dict, after: dict) -> list[str]:
+    return [stage for stage in before if before[stage] != after[stage]]
+
+
+def started_at(name: str, stages=None) -> str:
+    """The stage a full run starts at after a change of ``name``: the first whose inputs the
+    change moves."""
+    before = ds.fingerprints({name: 1}, COMMON, stages)
+    return ds.earliest(moved(before, ds.fingerprints({name: 2}, COMMON, stages)), stages)
+
+
 @pytest.mark.parametrize(
     ("name", "stage"),
     [
@@ -237,41 +258,46 @@ def test_the_earliest_refuses_a_string():
     ],
 )
 def test_the_stage_that_reads_a_setting_first(name, stage):
-    assert ds.setting_stage(name) == stage
-
-
-SETTINGS = {
-    "spark_gpus": 1,
-    "host_prep_mtu": 9000,
-    "hybrid_image_donor": "vllm-donor:0.32.0-cpu",
-    "vllm_serve_max_model_len": 2048,
-    "vllm_serve_port": 8000,
-}
-COMMON = {"hosts": ["172.30.240.11", "172.30.240.12"], "collection": "c" * 64}
+    assert started_at(name) == stage
 
 
 @pytest.mark.parametrize(
-    ("changes", "common", "moved"),
+    ("changes", "common", "first"),
     [
-        ({}, COMMON, []),
-        ({"vllm_serve_max_model_len": 4096}, COMMON, ["serve"]),
-        ({"hybrid_image_donor": "vllm-donor:0.33.0-cpu"}, COMMON, ["images"]),
-        ({"ray_cluster_num_gpus": 1}, COMMON, ["ray"]),
-        ({"vllm_serve_port": 8001}, COMMON, ["host_prep"]),
-        ({"spark_gpus": 0}, COMMON, ["host_prep"]),
-        ({}, {**COMMON, "collection": "d" * 64}, ["host_prep"]),
-        ({"vllm_serve_max_model_len": 4096, "host_prep_mtu": 1500}, COMMON, ["host_prep", "serve"]),
+        ({}, COMMON, ""),
+        ({"vllm_serve_max_model_len": 4096}, COMMON, "serve"),
+        ({"hybrid_image_donor": "vllm-donor:0.33.0-cpu"}, COMMON, "images"),
+        ({"ray_cluster_num_gpus": 1}, COMMON, "ray"),
+        ({"vllm_serve_port": 8001}, COMMON, "host_prep"),
+        ({"spark_gpus": 0}, COMMON, "host_prep"),
+        ({}, {**COMMON, "collection": "d" * 64}, "host_prep"),
+        ({"vllm_serve_max_model_len": 4096, "host_prep_mtu": 1500}, COMMON, "host_prep"),
     ],
 )
-def test_a_changed_setting_moves_the_digest_of_the_stage_that_reads_it_first(
-    changes, common, moved
-):
+def test_a_changed_setting_moves_the_inputs_of_every_stage_that_reads_it(changes, common, first):
     before = ds.fingerprints(SETTINGS, COMMON)
     after = ds.fingerprints({**SETTINGS, **changes}, common)
     assert list(before) == EVERY_STAGE
-    assert [stage for stage in before if before[stage] != after[stage]] == moved
-    assert all(re.fullmatch("[0-9a-f]{64}", digest) for digest in after.values())
+    reads = ds.load().reads
+    named = {name for name in changes if any(name in reads[stage] for stage in EVERY_STAGE)}
+    expected = [
+        stage
+        for stage in EVERY_STAGE
+        if common != COMMON or any(name in reads[stage] for name in named)
+    ]
+    assert moved(before, after) == expected
+    assert ds.earliest(moved(before, after)) == first
+    # Each stage's inputs: the digest of each setting it reads, and of the common part.
+    given = {**SETTINGS, **changes}
+    assert set(after["serve"]) == {n for n in given if n in reads["serve"]} | {"common"}
+    assert {"vllm_serve_max_model_len", "vllm_serve_port", "spark_gpus"} <= set(after["serve"])
+    assert all(re.fullmatch("[0-9a-f]{16}", d) for part in after.values() for d in part.values())
     assert filters.deploy_state_fingerprints({**SETTINGS, **changes}, common) == after
+
+
+def test_a_setting_no_stage_reads_is_the_first_stage_s():
+    before = ds.fingerprints({"vllm_servers": 1}, COMMON)
+    assert moved(before, ds.fingerprints({"vllm_servers": 2}, COMMON)) == ["host_prep"]
 
 
 def test_the_fingerprints_refuse_settings_that_are_no_mapping():
@@ -317,8 +343,8 @@ def _setting_names() -> set[str]:
 
 def test_no_stage_reads_a_setting_before_the_stage_it_belongs_to():
     """A setting changed must never leave a stage that reads it out of the run: every stage
-    whose files name a setting comes at or after setting_stage's. Read from the files by a
-    plain search, so a new cross-role read (host_prep's firewall reading
+    whose files name a setting comes at or after the stage a change of it starts at. Read from
+    the files by a plain search, so a new cross-role read (host_prep's firewall reading
     vllm_serve_allowed_sources) that the module missed fails here."""
     names = _setting_names()
     order = EVERY_STAGE
@@ -328,18 +354,18 @@ def test_no_stage_reads_a_setting_before_the_stage_it_belongs_to():
     early = {}
     for name in sorted(names):
         reading = [stage for stage in order if re.search(rf"\b{name}\b", readers[stage])]
-        if reading and order.index(reading[0]) < order.index(ds.setting_stage(name)):
-            early[name] = (reading[0], ds.setting_stage(name))
+        if reading and order.index(reading[0]) < order.index(started_at(name)):
+            early[name] = (reading[0], started_at(name))
     assert early == {}
 
 
 def test_who_may_reach_the_endpoint_is_host_prep_s_to_read():
     """The firewall (host_prep) builds the serving port's sources from the serving setting:
     a change of it starts the run at host_prep, so the table follows it."""
-    assert ds.setting_stage("vllm_serve_allowed_sources") == "host_prep"
     before = ds.fingerprints({"vllm_serve_allowed_sources": ["172.30.240.0/24"]}, COMMON)
     after = ds.fingerprints({"vllm_serve_allowed_sources": ["198.51.100.0/24"]}, COMMON)
-    assert [stage for stage in before if before[stage] != after[stage]] == ["host_prep"]
+    assert moved(before, after)[0] == "host_prep"
+    assert started_at("vllm_serve_allowed_sources") == "host_prep"
 
 
 def test_a_default_that_derives_from_another_setting_carries_the_read(tmp_path):
@@ -364,9 +390,9 @@ def test_a_default_that_derives_from_another_setting_carries_the_read(tmp_path):
     assert stages.order == ("a", "b")
     assert stages.roles == {"a": ("alpha",), "b": ("beta",)}
     # beta_y is beta's own setting, but alpha's default reads it through spark_shared.
-    assert ds.setting_stage("beta_y", stages) == "a"
-    assert ds.setting_stage("spark_shared", stages) == "a"
-    assert ds.setting_stage("nobody_reads_this", stages) == "a"
+    assert started_at("beta_y", stages) == "a"
+    assert started_at("spark_shared", stages) == "a"
+    assert started_at("nobody_reads_this", stages) == "a"
     assert ds.stages_reached(["beta"], [], "", stages) == ["b"]
 
 
