@@ -41,7 +41,7 @@ OWN = {
     "model": (("trees",), ()),
     "ray": ((), ("ray", "ray-probe")),
     "serve": ((), ("vllm", "watchdog", "ray")),
-    "monitoring": (("files", "tables"), ("prometheus", "node-exporter")),
+    "monitoring": ((), ("prometheus", "node-exporter")),
 }
 
 
@@ -60,13 +60,10 @@ def node(**changes) -> dict:
 
 
 def run_stages(now: dict, record: dict | None = None, stages=STAGES) -> dict:
-    """The record after these stages ran, in order, each recording what it leaves of ``now``
-    (the monitoring stage the firewall file only)."""
+    """The record after these stages ran, in order, each recording what it leaves of ``now``."""
     for stage in stages:
         kinds, components = OWN[stage]
         given = {kind: now[kind] for kind in kinds}
-        if stage == "monitoring":
-            given["files"] = {COMM: now["files"][COMM]} if COMM in now["files"] else {}
         given.update(fingerprint=now["fingerprint"], containers=now["containers"])
         record = dr.recorded(record, given, stage, components)
     return record
