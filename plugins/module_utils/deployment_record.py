@@ -30,8 +30,9 @@ left, each part refreshed by the stage that writes it:
   count): a table flushed by hand differs from the file that loaded it.
 
 ``compare_stages`` names each difference in one line with the stage of deploy.yml it concerns:
-a stage without a record or whose inputs changed, and for what was left the stage that leaves
-it. A full run starts at the earliest over all nodes (the controller knows the stages' order:
+a stage without a record or whose inputs changed, and for what was left the first stage that
+leaves it (the deploy_state role's table of what each stage leaves, in deploy.yml's order).
+A full run starts at the earliest over all nodes (the controller knows the stages' order:
 plugins/plugin_utils/deploy_stages.py), as the stages before it have nothing to do. Besides
 the record, it checks that every running rank-holding container (components ``ray`` and
 ``vllm``) runs the image behind the serving alias: after ``playbooks/images.yml`` moved the
@@ -52,8 +53,6 @@ import tempfile
 # The shape of every record (stage_record); a record of another format is read as none.
 RECORD_FORMAT = 1
 RANK_COMPONENTS = ("ray", "vllm")
-# deploy.yml's first stage: every stage runs from it (test_deployment_record checks the name).
-FIRST = "host_prep"
 COMPONENT_LABEL = "dgx_spark.cluster.component"
 # Beyond this many entries (files and directories) below one volume, the args check's
 # fingerprint of it costs more than it saves; such a configuration is not remembered.
@@ -61,22 +60,9 @@ TREE_LIMIT = 20000
 NO_RECORD = "no record of a run of deploy.yml's stages on this node"
 # What the record keeps of what the stages left; the first four are refreshed item by item.
 LEFT = ("images", "files", "trees", "tables", "containers")
-# The first stage that reads what a difference names. The files (netplan, comm.env, the
-# ruleset) and the live table are host_prep's; an image reference the images stage reads; the
-# weights the model stage places; a container the stage that starts it.
-FILES_STAGE = TABLES_STAGE = FIRST
-IMAGES_STAGE = "images"
-TREES_STAGE = "model"
-# A rank on another image than the alias: the Ray containers move first.
-RANK_IMAGE_STAGE = "ray"
-COMPONENT_STAGES = {
-    "ray": "ray",
-    "ray-probe": "ray",
-    "vllm": "serve",
-    "watchdog": "serve",
-    "prometheus": "monitoring",
-    "node-exporter": "monitoring",
-}
+# What a stage leaves, by kind (the role's table of what each stage leaves; the containers
+# by their component).
+KINDS = ("images", "files", "trees", "tables", "components")
 
 
 def short(image_id: str) -> str:
@@ -255,26 +241,23 @@ def text_digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest() if text else ""
 
 
-def _image_reasons(before: dict, now: dict) -> list[str]:
-    return [
-        f"{ref} is {short(now.get(ref, ''))} (was {short(before.get(ref, ''))} at the last run)"
-        for ref in sorted(set(before) | set(now))
-        if before.get(ref, "") != now.get(ref, "")
-    ]
+def _image_reasons(before: dict, now: dict) -> list[tuple[str, str]]:
+    reasons = []
+    for ref in sorted(set(before) | set(now)):
+        old, new = short(before.get(ref, "")), short(now.get(ref, ""))
+        if before.get(ref, "") != now.get(ref, ""):
+            reasons.append((ref, f"{ref} is {new} (was {old} at the last run)"))
+    return reasons
 
 
-def _file_reasons(before: dict, now: dict) -> list[str]:
+def _file_reasons(before: dict, now: dict) -> list[tuple[str, str]]:
     reasons = []
     for path in sorted(set(before) | set(now)):
         old, new = before.get(path, ""), now.get(path, "")
         if old == new:
             continue
-        if not new:
-            reasons.append(f"{path}: gone since the last run")
-        elif not old:
-            reasons.append(f"{path}: not there at the last run")
-        else:
-            reasons.append(f"{path}: edited since the last run")
+        state = "gone since" if not new else ("not there at" if not old else "edited since")
+        reasons.append((path, f"{path}: {state} the last run"))
     return reasons
 
 
@@ -284,26 +267,25 @@ def _some(names: list[str]) -> str:
     return ", ".join(names[:3]) + more
 
 
-def _tree_reasons(before: dict, now: dict) -> list[str]:
+def _tree_reasons(before: dict, now: dict) -> list[tuple[str, str]]:
     reasons = []
     for root in sorted(set(before) | set(now)):
         old, new = before.get(root) or {}, now.get(root) or {}
         changed = sorted(n for n in set(old) | set(new) if old.get(n) != new.get(n))
-        if not changed:
-            continue
-        named = _some(changed)
-        reasons.append(f"{root}: {named} changed, appeared or went since the last run")
+        if changed:
+            named = _some(changed)
+            reasons.append((root, f"{root}: {named} changed, appeared or went since the last run"))
     return reasons
 
 
-def _table_reasons(before: dict, now: dict) -> list[str]:
+def _table_reasons(before: dict, now: dict) -> list[tuple[str, str]]:
     reasons = []
     for table in sorted(set(before) | set(now)):
         old, new = before.get(table, ""), now.get(table, "")
         if old == new:
             continue
         state = "gone" if not new else ("loaded" if not old else "differs")
-        reasons.append(f"nftables table {table}: {state} since the last run")
+        reasons.append((table, f"nftables table {table}: {state} since the last run"))
     return reasons
 
 
@@ -321,24 +303,33 @@ def rank_image_reasons(serving_ref: str, serving_id: str, containers: dict) -> l
 
 
 def _container_reasons(recorded: dict, containers: dict) -> list[tuple[str, str]]:
-    """(stage, reason): the stage that starts the container (its component), FIRST for one
-    no stage is known to start."""
+    """(component, reason) for each container that moved since a stage recorded it."""
     reasons = []
     for name in sorted(set(recorded) | set(containers)):
         before, now = recorded.get(name), containers.get(name)
         component = (now or before or {}).get("component", "")
-        stage = COMPONENT_STAGES.get(component, FIRST)
         if before is None:
-            reasons.append((stage, f"{name}: not there at the last run"))
+            reasons.append((component, f"{name}: not there at the last run"))
         elif now is None:
-            reasons.append((stage, f"{name}: gone"))
+            reasons.append((component, f"{name}: gone"))
         elif before["id"] != now["id"]:
-            reasons.append((stage, f"{name}: recreated"))
+            reasons.append((component, f"{name}: recreated"))
         elif before["running"] and not now["running"]:
-            reasons.append((stage, f"{name}: not running"))
+            reasons.append((component, f"{name}: not running"))
         elif before != now:
-            reasons.append((stage, f"{name}: restarted or changed since the last run"))
+            reasons.append((component, f"{name}: restarted or changed since the last run"))
     return reasons
+
+
+def owners(left: dict) -> dict[tuple[str, str], str]:
+    """(kind, item) -> the first stage, in ``left``'s order (deploy.yml's), that leaves it:
+    ``left`` maps each stage to what it leaves by kind (KINDS)."""
+    found: dict[tuple[str, str], str] = {}
+    for stage, kinds in left.items():
+        for kind in KINDS:
+            for item in kinds.get(kind) or []:
+                found.setdefault((kind, item), stage)
+    return found
 
 
 def _input_reasons(sections: dict, fingerprint: dict) -> list[tuple[str, str]]:
@@ -366,39 +357,50 @@ def read_deployment_record(text: str | None) -> dict | None:
     return record if isinstance(record["left"], dict) else None
 
 
-def compare_stages(record: dict | None, now: dict) -> list[tuple[str, str]]:
+def compare_stages(record: dict | None, now: dict, left: dict) -> list[tuple[str, str]]:
     """What differs between a node's deployment record and the node now, as (the stage
     concerned, the reason).
 
     ``now`` has ``fingerprint`` (stage -> the inputs each stage would record now), what the
     stages leave (``containers``, ``images``, ``files``, ``trees``, ``tables``) and
     ``serving_image`` ({"ref", "id"}), which is checked against the running containers and
-    not recorded."""
+    not recorded. ``left`` (stage -> what it leaves, in deploy.yml's order) names the stage
+    each difference concerns: the first that leaves the item; the first stage for what no
+    stage leaves, and for a node without a record."""
+    first = next(iter(left), "")
+    owner = owners(left)
     serving = now.get("serving_image") or {}
+    ranks = owner.get(("components", "ray"), first)
     reasons = [
-        (RANK_IMAGE_STAGE, reason)
+        (ranks, reason)
         for reason in rank_image_reasons(
             serving.get("ref", ""), serving.get("id", ""), now.get("containers") or {}
         )
     ]
     if not record:
-        return [(FIRST, NO_RECORD), *reasons]
-    left = record["left"]
+        return [(first, NO_RECORD), *reasons]
+    was = record["left"]
     reasons += _input_reasons(record["stages"], now.get("fingerprint") or {})
-    reasons += _container_reasons(left.get("containers") or {}, now.get("containers") or {})
-    for stage, found in (
-        (IMAGES_STAGE, _image_reasons(left.get("images") or {}, now.get("images") or {})),
-        (FILES_STAGE, _file_reasons(left.get("files") or {}, now.get("files") or {})),
-        (TREES_STAGE, _tree_reasons(left.get("trees") or {}, now.get("trees") or {})),
-        (TABLES_STAGE, _table_reasons(left.get("tables") or {}, now.get("tables") or {})),
+    reasons += [
+        (owner.get(("components", component), first), reason)
+        for component, reason in _container_reasons(
+            was.get("containers") or {}, now.get("containers") or {}
+        )
+    ]
+    for kind, found in (
+        ("images", _image_reasons),
+        ("files", _file_reasons),
+        ("trees", _tree_reasons),
+        ("tables", _table_reasons),
     ):
-        reasons += [(stage, reason) for reason in found]
+        for item, reason in found(was.get(kind) or {}, now.get(kind) or {}):
+            reasons.append((owner.get((kind, item), first), reason))
     return reasons
 
 
-def compare(record: dict | None, now: dict) -> list[str]:
+def compare(record: dict | None, now: dict, left: dict) -> list[str]:
     """The reasons of compare_stages, one line each; empty when the node is in step."""
-    return [reason for _stage, reason in compare_stages(record, now)]
+    return [reason for _stage, reason in compare_stages(record, now, left)]
 
 
 def stages_concerned(stage_reasons: list[tuple[str, str]]) -> list[str]:

@@ -12,15 +12,16 @@ short_description: Record what a stage of deploy.yml left on a node, and tell wh
 version_added: "0.1.0"
 description:
   - With O(state=recorded), a stage of C(deploy.yml) records at its end, in a root-only file,
-    what it was given (its inputs in O(fingerprint)) and what it left, the O(images),
-    O(files), O(trees) and O(tables) given as they are now, and the collection's containers of
-    O(components) (ID, image, running, start time, restarts). What other stages recorded stays.
+    what it was given (its entry of O(fingerprint)) and what it left, as O(left) lists for it
+    (images, host files, trees, nftables tables, the containers of its components: ID,
+    image, running, start time, restarts). What the other stages recorded stays.
   - With O(state=compared), reads that file and compares it with the O(fingerprint) given and
     the node as it is now. Any difference (a stage without a record, a changed setting, a
     container stopped, restarted, recreated or missing, a node that rebooted, an image
     reference that names another image, a host file or weight edited, a firewall table
     flushed) is named in RV(reasons), and so is a running rank container on another image
-    than O(serving_image). RV(stages) are the stages of C(deploy.yml) those differences concern.
+    than O(serving_image). RV(stages) are the stages of C(deploy.yml) those differences
+    concern, each the first stage in O(left) that leaves what differs.
   - The comparison is C(plugins/module_utils/deployment_record.py).
   - C(deploy.yml) runs the stages from the earliest any node names on; a rerun with nothing to
     do costs a comparison and one completion instead of every stage's checks.
@@ -56,49 +57,29 @@ options:
     description: Label key that marks the collection's containers.
     type: str
     default: dgx_spark.cluster.component
-  images:
+  left:
     description:
-      - Image references whose IDs the stages read (the serving alias, the cluster base, the
-        donor). A reference that now names another image (a donor pulled anew, an alias
-        retagged) is named in RV(reasons).
-    type: list
-    elements: str
-    default: []
+      - What each stage leaves, by stage in C(deploy.yml)'s order, each with any of
+        C(images) (references whose IDs the stage reads; one that now names another image,
+        a donor pulled anew, an alias retagged, is named), C(files) (host files, by SHA-256;
+        a missing one counts too), C(trees) (directories such as the weights, by the size and
+        modification time of every file below them, following links, hidden entries left
+        out), C(tables) (live nftables tables, C(family name), by a digest of C(nft -s list
+        table); absent or without C(nft) counts as empty) and C(components) (the values of
+        O(label) whose containers the stage starts or moves).
+      - With O(state=compared) all of it is compared, and a difference concerns the first
+        stage that leaves it; with O(state=recorded) the entry of O(stage) is recorded.
+    type: dict
+    required: true
   serving_image:
     description:
       - The alias the ranks run. Every running container of component C(ray) or C(vllm) must
         run the image behind it; one that runs another is named, whatever the record says.
     type: str
     default: ""
-  files:
-    description: Host files the stages wrote, compared by SHA-256 (a missing file counts too).
-    type: list
-    elements: path
-    default: []
-  trees:
-    description:
-      - Directories (the weights) compared by the size and modification time of every file
-        below them, following links; hidden entries are left out.
-    type: list
-    elements: path
-    default: []
-  tables:
-    description:
-      - Live nftables tables (C(family name)), compared by a digest of C(nft -s list table);
-        an absent table or a node without C(nft) counts as empty.
-    type: list
-    elements: str
-    default: []
   stage:
     description: With O(state=recorded), the stage that records.
     type: str
-  components:
-    description:
-      - With O(state=recorded), the components (label O(label)) whose containers O(stage)
-        records as they are now.
-    type: list
-    elements: str
-    default: []
   state:
     description: C(compared) reads and compares, C(recorded) writes.
     type: str
@@ -112,13 +93,18 @@ EXAMPLES = r"""
 - name: Tell whether this node is as the stages left it
   dgx_spark.cluster.deployment_state:
     fingerprint: "{{ settings | dgx_spark.cluster.deploy_state('fingerprints', inventory) }}"
+    left:
+      host_prep: {files: [/etc/dgx-spark/comm.env], tables: [inet dgx_spark]}
+      ray: {components: [ray]}
+    serving_image: dgx-spark/vllm-serving:current
   register: in_step
 
 - name: Record what the ray stage left on the node
   dgx_spark.cluster.deployment_state:
     fingerprint: "{{ settings | dgx_spark.cluster.deploy_state('fingerprints', inventory) }}"
+    left:
+      ray: {components: [ray, ray-probe]}
     stage: ray
-    components: [ray, ray-probe]
     state: recorded
 """
 
@@ -147,13 +133,14 @@ containers:
   returned: always
   type: dict
 images:
-  description: The image ID behind each of O(images) now (empty when absent).
+  description: The image ID behind each image O(left) lists, now (empty when absent).
   returned: always
   type: dict
 """
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib  # noqa: E402
 from ansible_collections.dgx_spark.cluster.plugins.module_utils.deployment_record import (  # noqa: E402
+    KINDS,
     compare_stages,
     file_digest,
     read_deployment_record,
@@ -219,13 +206,9 @@ def main() -> None:
             "path": {"type": "path", "default": "/var/lib/dgx-spark/deployed.json"},
             "fingerprint": {"type": "dict", "required": True},
             "label": {"type": "str", "default": "dgx_spark.cluster.component"},
-            "images": {"type": "list", "elements": "str", "default": []},
+            "left": {"type": "dict", "required": True},
             "serving_image": {"type": "str", "default": ""},
-            "files": {"type": "list", "elements": "path", "default": []},
-            "trees": {"type": "list", "elements": "path", "default": []},
-            "tables": {"type": "list", "elements": "str", "default": []},
             "stage": {"type": "str"},
-            "components": {"type": "list", "elements": "str", "default": []},
             "state": {"type": "str", "choices": ["compared", "recorded"], "default": "compared"},
         },
         required_if=[("state", "recorded", ["stage"])],
@@ -234,10 +217,20 @@ def main() -> None:
     if docker is None:
         module.fail_json(msg=missing_required_lib("docker"))
     params = module.params
+    stage = params["stage"]
+    if params["state"] == "recorded" and (
+        stage not in params["fingerprint"] or stage not in params["left"]
+    ):
+        module.fail_json(
+            msg=f"the fingerprint and left must both have an entry for stage {stage!r}"
+        )
+    # What is read: what every stage leaves to compare, the recording stage's to record.
+    parts = [params["left"][stage]] if params["state"] == "recorded" else params["left"].values()
+    items = {kind: [i for part in parts for i in (part or {}).get(kind) or []] for kind in KINDS}
     try:
         client = docker.from_env()
         containers = snapshot(inspect_all(client, params["label"]))
-        images = image_ids(client, params["images"])
+        images = image_ids(client, items["images"])
         serving = params["serving_image"]
         # The alias is usually among the images read already; a stage's record reads none.
         serving_id = images.get(serving) or (
@@ -249,14 +242,14 @@ def main() -> None:
         "fingerprint": params["fingerprint"],
         "containers": containers,
         "images": images,
-        "files": {path: file_digest(path) for path in params["files"]},
-        "trees": {root: tree_stat(root) for root in params["trees"]},
-        "tables": table_digests(module, params["tables"]),
+        "files": {path: file_digest(path) for path in items["files"]},
+        "trees": {root: tree_stat(root) for root in items["trees"]},
+        "tables": table_digests(module, items["tables"]),
         "serving_image": {"ref": serving, "id": serving_id},
     }
     record = read_record(params["path"])
     if params["state"] == "compared":
-        found = compare_stages(record, now)
+        found = compare_stages(record, now, params["left"])
         module.exit_json(
             changed=False,
             in_step=not found,
@@ -265,9 +258,7 @@ def main() -> None:
             containers=containers,
             images=images,
         )
-    if params["stage"] not in params["fingerprint"]:
-        module.fail_json(msg=f"the fingerprint has no inputs of stage {params['stage']!r}")
-    wanted = recorded(record, now, params["stage"], params["components"])
+    wanted = recorded(record, now, stage, items["components"])
     changed = record != wanted
     if changed and not module.check_mode:
         write_record(params["path"], wanted)

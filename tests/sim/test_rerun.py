@@ -87,7 +87,7 @@ def test_a_stage_run_alone_records_what_it_was_given(in_step):
     alone = run_playbook("playbooks/host_prep.yml", "-e", setting)
     try:
         assert alone.rc == 0, alone.failures() or alone.raw[-3000:]
-        assert "Record what the host_prep stage was given and left" in ran(alone)
+        assert "Record what this stage was given and left, for host_prep" in ran(alone)
         same = report(run_playbook("playbooks/in_step.yml", "-e", setting))
         assert same.splitlines() == [
             "Running the stages from monitoring on; those before it have nothing to do:",

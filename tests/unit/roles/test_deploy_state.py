@@ -79,7 +79,8 @@ def test_record_needs_its_stage_and_writes_nothing_in_check_mode(tmp_path):
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     assert re.search(
-        r"TASK \[[^]]*Record what the ray stage was given and left\][^\n]*\n(skipping: [^\n]*\n)+",
+        r"TASK \[[^]]*Record what this stage was given and left, for ray\][^\n]*\n"
+        r"(skipping: [^\n]*\n)+",
         out,
     ), out
     assert not record.exists()

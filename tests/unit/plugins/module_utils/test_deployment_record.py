@@ -5,11 +5,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from pathlib import Path
 
 import pytest
+import yaml
 from ansible_collections.dgx_spark.cluster.plugins.module_utils import deployment_record as dr
 from ansible_collections.dgx_spark.cluster.plugins.plugin_utils import deploy_stages
 
+ROOT = Path(__file__).resolve().parents[4]
 ALIAS = "dgx-spark/vllm-serving:current"
 COMM = "/etc/dgx-spark/comm.env"
 NETPLAN = "/etc/netplan/40-cx7.yaml"
@@ -33,15 +36,14 @@ IMAGES = {"dgx-spark/vllm-serving:current": OLD, "vllm-donor:0.32.0-cpu": "sha25
 STAGES = ("host_prep", "images", "model", "ray", "serve", "monitoring")
 # Each stage's inputs: a digest per setting it reads, and the inventory's and collection's.
 FINGERPRINT = {stage: {f"{stage}_x": stage[0] * 16, "common": "c" * 16} for stage in STAGES}
-# What each stage leaves (roles/deploy_state/vars/main.yml): the kinds it refreshes, and the
-# components whose containers it records.
-OWN = {
-    "host_prep": (("files", "tables"), ()),
-    "images": (("images",), ()),
-    "model": (("trees",), ()),
-    "ray": ((), ("ray", "ray-probe")),
-    "serve": ((), ("vllm", "watchdog", "ray")),
-    "monitoring": ((), ("prometheus", "node-exporter")),
+# What each stage leaves, in deploy.yml's order (roles/deploy_state/vars/main.yml).
+LEFT_MAP = {
+    "host_prep": {"files": [COMM, NETPLAN], "tables": ["inet dgx_spark"]},
+    "images": {"images": list(IMAGES)},
+    "model": {"trees": ["/var/lib/dgx-spark/models"]},
+    "ray": {"components": ["ray", "ray-probe"]},
+    "serve": {"components": ["vllm", "watchdog", "ray"]},
+    "monitoring": {"components": ["prometheus", "node-exporter"]},
 }
 
 
@@ -62,10 +64,10 @@ def node(**changes) -> dict:
 def run_stages(now: dict, record: dict | None = None, stages=STAGES) -> dict:
     """The record after these stages ran, in order, each recording what it leaves of ``now``."""
     for stage in stages:
-        kinds, components = OWN[stage]
-        given = {kind: now[kind] for kind in kinds}
+        leaves = LEFT_MAP[stage]
+        given = {kind: now[kind] for kind in dr.LEFT[:-1] if kind in leaves}
         given.update(fingerprint=now["fingerprint"], containers=now["containers"])
-        record = dr.recorded(record, given, stage, components)
+        record = dr.recorded(record, given, stage, leaves.get("components", []))
     return record
 
 
@@ -73,7 +75,7 @@ RECORD = run_stages(node())
 
 
 def test_the_node_as_recorded_is_in_step():
-    assert dr.compare(RECORD, node()) == []
+    assert dr.compare(RECORD, node(), LEFT_MAP) == []
     assert sorted(RECORD) == ["format", "left", "stages"]
     assert list(RECORD["stages"]) == list(STAGES)
     assert RECORD["stages"]["serve"] == dr.stage_record(FINGERPRINT["serve"])
@@ -82,7 +84,7 @@ def test_the_node_as_recorded_is_in_step():
 
 
 def test_no_record_is_out_of_step():
-    assert dr.compare(None, node()) == [dr.NO_RECORD]
+    assert dr.compare(None, node(), LEFT_MAP) == [dr.NO_RECORD]
 
 
 LATER = "2026-11-30T11:00:00Z"
@@ -105,22 +107,22 @@ def test_a_container_that_moved_is_named(vllm, extra, reason):
     now = [inspected("dgx-spark-ray"), *extra]
     if vllm is not None:
         now.append(inspected("dgx-spark-vllm", component="vllm", **vllm))
-    assert dr.compare(RECORD, node(containers=dr.snapshot(now))) == [reason]
+    assert dr.compare(RECORD, node(containers=dr.snapshot(now)), LEFT_MAP) == [reason]
 
 
 def test_changed_inputs_are_named_by_stage_and_setting():
     serve = {**FINGERPRINT["serve"], "vllm_serve_max_model_len": "1" * 16}
-    assert dr.compare_stages(RECORD, node(fingerprint={**FINGERPRINT, "serve": serve})) == [
-        ("serve", "the serve stage's inputs changed: vllm_serve_max_model_len")
-    ]
+    assert dr.compare_stages(
+        RECORD, node(fingerprint={**FINGERPRINT, "serve": serve}), LEFT_MAP
+    ) == [("serve", "the serve stage's inputs changed: vllm_serve_max_model_len")]
     common = {stage: {**inputs, "common": "d" * 16} for stage, inputs in FINGERPRINT.items()}
-    found = dr.compare_stages(RECORD, node(fingerprint=common))
+    found = dr.compare_stages(RECORD, node(fingerprint=common), LEFT_MAP)
     assert found == [
         (stage, f"the {stage} stage's inputs changed: the inventory or the collection")
         for stage in STAGES
     ]
     many = {**FINGERPRINT["ray"], **{f"ray_cluster_{i}": "2" * 16 for i in range(5)}}
-    assert dr.compare(RECORD, node(fingerprint={**FINGERPRINT, "ray": many})) == [
+    assert dr.compare(RECORD, node(fingerprint={**FINGERPRINT, "ray": many}), LEFT_MAP) == [
         "the ray stage's inputs changed: ray_cluster_0, ray_cluster_1, ray_cluster_2 and 2 more"
     ]
 
@@ -128,7 +130,7 @@ def test_changed_inputs_are_named_by_stage_and_setting():
 def test_a_stage_without_a_record_is_named_and_an_older_shape_counts_as_none():
     """A run that failed in the ray stage recorded the stages before it only."""
     partial = run_stages(node(), stages=STAGES[:3])
-    assert dr.compare_stages(partial, node()) == [
+    assert dr.compare_stages(partial, node(), LEFT_MAP) == [
         ("ray", "no record of the ray stage on this node"),
         ("serve", "no record of the serve stage on this node"),
         ("monitoring", "no record of the monitoring stage on this node"),
@@ -146,8 +148,8 @@ def test_a_stage_run_alone_keeps_what_the_others_left():
     (only host_prep's record takes the file as it is now); host_prep alone takes it."""
     edited = node(files={**node()["files"], COMM: "e" * 64})
     after_images = run_stages(edited, RECORD, ["images"])
-    assert dr.compare(after_images, edited) == [f"{COMM}: edited since the last run"]
-    assert dr.compare(run_stages(edited, after_images, ["host_prep"]), edited) == []
+    assert dr.compare(after_images, edited, LEFT_MAP) == [f"{COMM}: edited since the last run"]
+    assert dr.compare(run_stages(edited, after_images, ["host_prep"]), edited, LEFT_MAP) == []
 
 
 def test_the_serve_stage_keeps_the_ray_containers_it_moved_and_a_stage_drops_its_gone_ones():
@@ -156,10 +158,14 @@ def test_the_serve_stage_keeps_the_ray_containers_it_moved_and_a_stage_drops_its
         inspected("dgx-spark-vllm", "c6", component="vllm"),
         inspected("dgx-spark-prometheus", "c7", component="prometheus"),
     ]))  # fmt: skip
-    assert dr.compare(run_stages(moved, RECORD, ["serve", "monitoring"]), moved) == []
+    assert dr.compare(run_stages(moved, RECORD, ["serve", "monitoring"]), moved, LEFT_MAP) == []
     gone = node(containers=CONTAINERS)
     record = run_stages(moved, RECORD, ["serve", "monitoring"])
-    assert [stage for stage, _ in dr.compare_stages(record, gone)] == ["monitoring", "ray", "serve"]
+    assert [stage for stage, _ in dr.compare_stages(record, gone, LEFT_MAP)] == [
+        "monitoring",
+        "ray",
+        "serve",
+    ]
     # The monitoring stage with spark_monitoring false removed its containers, and records so.
     assert (
         "dgx-spark-prometheus" not in run_stages(gone, record, ["monitoring"])["left"]["containers"]
@@ -170,7 +176,7 @@ def test_the_alias_moved_away_from_what_the_ranks_run_is_named_per_container():
     """images.yml moved the alias: the containers still run the old image."""
     moved = node(images={**IMAGES, "dgx-spark/vllm-serving:current": NEW},
                  serving_image={"ref": "dgx-spark/vllm-serving:current", "id": NEW})  # fmt: skip
-    assert dr.compare(RECORD, moved) == [
+    assert dr.compare(RECORD, moved, LEFT_MAP) == [
         f"{ALIAS} is sha256:a63a63a63a63 but dgx-spark-ray runs sha256:7a57a57a57a5",
         f"{ALIAS} is sha256:a63a63a63a63 but dgx-spark-vllm runs sha256:7a57a57a57a5",
         f"{ALIAS} is sha256:a63a63a63a63 (was sha256:7a57a57a57a5 at the last run)",
@@ -186,7 +192,9 @@ def test_the_alias_check_holds_without_a_record_and_skips_stopped_and_other_cont
         ]
     )
     serving = {"ref": "dgx-spark/vllm-serving:current", "id": NEW}
-    assert dr.compare(None, node(containers=containers, serving_image=serving)) == [dr.NO_RECORD]
+    assert dr.compare(None, node(containers=containers, serving_image=serving), LEFT_MAP) == [
+        dr.NO_RECORD
+    ]
     half = dr.snapshot(
         [inspected("dgx-spark-ray", image=NEW), inspected("dgx-spark-vllm", "c2", component="vllm")]
     )
@@ -198,7 +206,7 @@ def test_the_alias_check_holds_without_a_record_and_skips_stopped_and_other_cont
 
 def test_a_donor_pulled_anew_is_named():
     pulled = node(images={**IMAGES, "vllm-donor:0.32.0-cpu": NEW})
-    assert dr.compare(RECORD, pulled) == [
+    assert dr.compare(RECORD, pulled, LEFT_MAP) == [
         "vllm-donor:0.32.0-cpu is sha256:a63a63a63a63 (was sha256:dddddddddddd at the last run)"
     ]
 
@@ -212,25 +220,25 @@ def test_a_donor_pulled_anew_is_named():
     ],
 )  # fmt: skip
 def test_a_host_file_that_moved_is_named(files, reason):
-    assert dr.compare(RECORD, node(files={**node()["files"], **files})) == [reason]
+    assert dr.compare(RECORD, node(files={**node()["files"], **files}), LEFT_MAP) == [reason]
 
 
 def test_a_weight_file_that_moved_is_named():
     root = "/var/lib/dgx-spark/models"
     edited = node(trees={root: {"m/model-00001-of-00002.safetensors": [10, 6], "m/extra": [1, 1]}})
-    assert dr.compare(RECORD, edited) == [
+    assert dr.compare(RECORD, edited, LEFT_MAP) == [
         f"{root}: m/extra, m/model-00001-of-00002.safetensors changed, appeared or went since the "
         "last run"
     ]
     many = node(trees={root: {f"f{i}": [1, 1] for i in range(5)}})
-    assert "f0, f1, f2 and 3 more" in dr.compare(RECORD, many)[0]
+    assert "f0, f1, f2 and 3 more" in dr.compare(RECORD, many, LEFT_MAP)[0]
 
 
 @pytest.mark.parametrize(
     ("digest", "word"), [("", "gone"), ("u" * 64, "differs")]
 )  # fmt: skip
 def test_a_live_table_that_moved_is_named(digest, word):
-    assert dr.compare(RECORD, node(tables={"inet dgx_spark": digest})) == [
+    assert dr.compare(RECORD, node(tables={"inet dgx_spark": digest}), LEFT_MAP) == [
         f"nftables table inet dgx_spark: {word} since the last run"
     ]
 
@@ -295,7 +303,7 @@ def more(*inspections) -> dict:
     ],
 )  # fmt: skip
 def test_each_difference_names_the_first_stage_it_concerns(changes, stages):
-    found = dr.compare_stages(STAGED, node(**changes))
+    found = dr.compare_stages(STAGED, node(**changes), LEFT_MAP)
     assert [stage for stage, _reason in found] == stages
     assert dr.stages_concerned(found) == list(dict.fromkeys(stages))
 
@@ -306,13 +314,18 @@ def test_a_rebuilt_image_starts_at_the_images_stage_whatever_the_ranks_run():
         images={**IMAGES, ALIAS: NEW, "vllm-donor:0.32.0-cpu": NEW},
         serving_image={"ref": ALIAS, "id": NEW},
     )
-    found = dr.compare_stages(STAGED, moved)
+    found = dr.compare_stages(STAGED, moved, LEFT_MAP)
     assert [stage for stage, _reason in found] == ["ray", "ray", "images", "images"]
     assert dr.stages_concerned(found) == ["ray", "images"]
-    assert dr.compare_stages(None, moved)[0] == ("host_prep", dr.NO_RECORD)
-    assert dr.stages_concerned(dr.compare_stages(None, moved)) == ["host_prep", "ray"]
+    assert dr.compare_stages(None, moved, LEFT_MAP)[0] == ("host_prep", dr.NO_RECORD)
+    assert dr.stages_concerned(dr.compare_stages(None, moved, LEFT_MAP)) == ["host_prep", "ray"]
 
 
-def test_the_first_stage_is_deploy_yml_s():
-    """Every stage runs from FIRST: it must be the first of deploy.yml's stages."""
-    assert deploy_stages.load().first == dr.FIRST
+def test_the_role_s_table_of_what_each_stage_leaves_is_in_deploy_yml_s_order():
+    """The first stage in it is where a node without a record starts; each difference is the
+    first stage's that leaves it."""
+    left = yaml.safe_load((ROOT / "roles/deploy_state/vars/main.yml").read_text())
+    assert tuple(left["_deploy_state_left"]) == deploy_stages.load().order
+    assert list(LEFT_MAP) == list(left["_deploy_state_left"])
+    assert dr.owners(LEFT_MAP)[("components", "ray")] == "ray"
+    assert dr.compare_stages(None, node(), {})[0] == ("", dr.NO_RECORD)

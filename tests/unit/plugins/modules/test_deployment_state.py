@@ -61,29 +61,36 @@ def test_record_then_compare_round_trip(tmp_path, capsys, monkeypatch):
     weights.mkdir()
     (weights / "w.safetensors").write_bytes(b"w")
     path = str(tmp_path / "state" / "deployed.json")
-    fingerprint = {"host_prep": {"a": "f"}, "serve": {"b": "s"}}
-    args = {"path": path, "fingerprint": fingerprint,
-            "images": ["alias:current", "donor:1", "absent:1"],
-            "serving_image": "alias:current", "files": [str(comm_env)], "trees": [str(weights)],
-            "tables": []}  # fmt: skip
+    stages = ("host_prep", "images", "model", "ray", "serve")
+    fingerprint = {stage: {stage[0]: stage} for stage in stages}
+    left = {"host_prep": {"files": [str(comm_env)], "tables": []},
+            "images": {"images": ["alias:current", "donor:1", "absent:1"]},
+            "model": {"trees": [str(weights)]},
+            "ray": {"components": ["ray"]},
+            "serve": {"components": ["vllm", "ray"]}}  # fmt: skip
+    args = {"path": path, "fingerprint": fingerprint, "left": left,
+            "serving_image": "alias:current"}  # fmt: skip
     rc, result = run_module(deployment_state, args, capsys)
     assert rc == 0 and not result["in_step"] and not result["changed"]
     assert result["stages"] == ["host_prep"]  # no record yet
-    # host_prep records what it was given and left everything here; serve its containers.
-    host_prep = {**args, "state": "recorded", "stage": "host_prep"}
-    serve = {**args, "state": "recorded", "stage": "serve", "components": ["ray", "vllm"],
-             "images": [], "files": [], "trees": []}  # fmt: skip
-    rc, result = run_module(deployment_state, host_prep, capsys, check_mode=True)
+    # Each stage records what it was given and what it left; a run that ended after model.
+    record = {stage: {**args, "state": "recorded", "stage": stage} for stage in stages}
+    rc, result = run_module(deployment_state, record["host_prep"], capsys, check_mode=True)
     assert result["changed"] and not os.path.exists(path)
-    rc, result = run_module(deployment_state, host_prep, capsys)
+    rc, result = run_module(deployment_state, record["host_prep"], capsys)
     assert result["changed"] and stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    for stage in ("images", "model"):
+        assert run_module(deployment_state, record[stage], capsys)[1]["changed"]
     rc, result = run_module(deployment_state, args, capsys)
     assert result["reasons"] == [
+        "no record of the ray stage on this node",
         "no record of the serve stage on this node",
         "dgx-spark-ray: not there at the last run",
         "dgx-spark-vllm: not there at the last run",
     ]
-    assert result["stages"] == ["serve", "ray"]
+    assert result["stages"] == ["ray", "serve"]
+    assert run_module(deployment_state, record["ray"], capsys)[1]["changed"]
+    serve = record["serve"]
     rc, result = run_module(deployment_state, serve, capsys)
     assert result["changed"]
     rc, result = run_module(deployment_state, serve, capsys)
@@ -91,18 +98,20 @@ def test_record_then_compare_round_trip(tmp_path, capsys, monkeypatch):
     rc, result = run_module(deployment_state, args, capsys)
     assert result["in_step"] and result["reasons"] == [] and result["stages"] == []
     with open(path, encoding="utf-8") as handle:
-        assert sorted(json.load(handle)["stages"]) == ["host_prep", "serve"]
-    rc, result = run_module(deployment_state, {**serve, "stage": "model"}, capsys)
-    assert rc == 1 and result["msg"] == "the fingerprint has no inputs of stage 'model'"
+        assert list(json.load(handle)["stages"]) == sorted(stages)
+    rc, result = run_module(deployment_state, {**serve, "stage": "monitoring"}, capsys)
+    assert rc == 1 and result["msg"] == (
+        "the fingerprint and left must both have an entry for stage 'monitoring'"
+    )
     FakeDocker.containers_now[1] = inspected(
         "dgx-spark-vllm", "c2", running=False, component="vllm"
     )
     rc, result = run_module(deployment_state, args, capsys)
     assert not result["in_step"] and result["reasons"] == ["dgx-spark-vllm: not running"]
     assert result["stages"] == ["serve"]
-    changed = {**args, "fingerprint": {**fingerprint, "serve": {"b": "t"}}}
+    changed = {**args, "fingerprint": {**fingerprint, "serve": {"s": "t"}}}
     assert run_module(deployment_state, changed, capsys)[1]["reasons"] == [
-        "the serve stage's inputs changed: b",
+        "the serve stage's inputs changed: s",
         "dgx-spark-vllm: not running",
     ]
     FakeDocker.containers_now[1] = inspected("dgx-spark-vllm", "c2", component="vllm")
