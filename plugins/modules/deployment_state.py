@@ -13,7 +13,7 @@ version_added: "0.1.0"
 description:
   - With O(state=recorded), a stage of C(deploy.yml) records at its end, in a root-only file,
     what it was given (its entry of O(fingerprint)) and what it left, as O(left) lists for it
-    (images, host files, trees, nftables tables, the containers of its components: ID,
+    (images, host files, trees, nftables tables, the containers of its components with ID,
     image, running, start time, restarts). What the other stages recorded stays.
   - With O(state=compared), reads that file and compares it with the O(fingerprint) given and
     the node as it is now. Any difference (a stage without a record, a changed setting, a
