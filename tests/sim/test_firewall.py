@@ -296,7 +296,9 @@ def test_a_changed_allowed_sources_reaches_the_firewall_through_deploy(
         assert run.rc == 0, run.failures() or run.raw[-4000:]
         said = in_step_report(run)
         assert said.startswith("Running every stage:"), said
-        assert "the settings, inventory or collection changed" in said, said
+        assert "spark-1: the host_prep stage's inputs changed: vllm_serve_allowed_sources" in (
+            said
+        ), said
         assert serving_sources(head) == [controller], (serving_sources(head), default)
         assert connect(outsider, head.mgmt_ip, SERVING_PORT) == "refused"
         assert completion(head) == 2
