@@ -58,11 +58,13 @@ COMPONENT_LABEL = "dgx_spark.cluster.component"
 # fingerprint of it costs more than it saves; such a configuration is not remembered.
 TREE_LIMIT = 20000
 NO_RECORD = "no record of a run of deploy.yml's stages on this node"
-# What the record keeps of what the stages left; the first four are refreshed item by item.
-LEFT = ("images", "files", "trees", "tables", "containers")
-# What a stage leaves, by kind (the role's table of what each stage leaves; the containers
-# by their component).
-KINDS = ("images", "files", "trees", "tables", "components")
+# What the stages leave that a record keeps item by item (by reference, path, root, table).
+ITEMS = ("images", "files", "trees", "tables")
+# What the record keeps of what the stages left: those, and the containers.
+LEFT = (*ITEMS, "containers")
+# What a stage leaves, by kind, in the role's table of what each stage leaves: the items, and
+# the components whose containers it starts or moves.
+KINDS = (*ITEMS, "components")
 
 
 def short(image_id: str) -> str:
@@ -416,7 +418,7 @@ def recorded(record: dict | None, now: dict, stage: str, components=()) -> dict:
     record = record or {"stages": {}, "left": {}}
     stages = {**record["stages"], stage: stage_record(now["fingerprint"][stage])}
     left = {kind: dict(record["left"].get(kind) or {}) for kind in LEFT}
-    for kind in LEFT[:-1]:
+    for kind in ITEMS:
         left[kind].update(now.get(kind) or {})
     kept = {n: c for n, c in left["containers"].items() if c.get("component") not in components}
     fresh = {n: c for n, c in (now.get("containers") or {}).items() if c["component"] in components}

@@ -65,7 +65,7 @@ def run_stages(now: dict, record: dict | None = None, stages=STAGES) -> dict:
     """The record after these stages ran, in order, each recording what it leaves of ``now``."""
     for stage in stages:
         leaves = LEFT_MAP[stage]
-        given = {kind: now[kind] for kind in dr.LEFT[:-1] if kind in leaves}
+        given = {kind: now[kind] for kind in dr.ITEMS if kind in leaves}
         given.update(fingerprint=now["fingerprint"], containers=now["containers"])
         record = dr.recorded(record, given, stage, leaves.get("components", []))
     return record
