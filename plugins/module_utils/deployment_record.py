@@ -119,19 +119,22 @@ def _stat_entry(rel: str, path: str, info: os.stat_result) -> list:
     return [rel, followed.st_size, followed.st_mtime_ns, target]
 
 
-def tree_fingerprint(root: str, limit: int | None = TREE_LIMIT, hidden: bool = True) -> dict:
+def tree_fingerprint(
+    root: str, limit: int | None = TREE_LIMIT, hidden: bool = True, into_links: bool = False
+) -> dict:
     """What the files below ``root`` are now, as data for ``cache_key``.
 
     ``{"exists", "complete", "entries"}``: ``entries`` lists ``[relative path, size,
     mtime_ns, link target]`` for every file below ``root``, sorted, ``root`` itself as ``.``
     when it is a file. Directories are walked but not listed. A link to a file is recorded
     with the size and time of the file it names (a Hub snapshot's files are links into its
-    blobs); a link to a directory is recorded the same way but not walked, so the walk never
-    leaves the tree. ``complete`` is false when the walk stopped: more than ``limit``
-    entries, or a directory that cannot be read. A ``root`` that does not exist is
-    ``{"exists": False, "complete": True, "entries": []}``. With ``hidden`` false, entries
-    whose name starts with a dot (and what lies below them) are left out; ``limit`` None walks
-    the whole tree.
+    blobs). A link to a directory is recorded the same way and not walked, so the walk never
+    leaves the tree; with ``into_links`` it is walked instead (model_manifest, which names
+    the links that leave it), each real directory once. ``complete`` is false when the walk
+    stopped: more than ``limit`` entries, or a directory that cannot be read. A ``root`` that
+    does not exist is ``{"exists": False, "complete": True, "entries": []}``. With ``hidden``
+    false, entries whose name starts with a dot (and what lies below them) are left out;
+    ``limit`` None walks the whole tree.
     """
     try:
         top = os.stat(root)
@@ -143,12 +146,13 @@ def tree_fingerprint(root: str, limit: int | None = TREE_LIMIT, hidden: bool = T
         return {"exists": True, "complete": True, "entries": [_stat_entry(".", root, top)]}
     entries: list[list] = []
     seen = 0
+    walked = {os.path.realpath(root)}
     pending = [""]
     while pending:
         rel_dir = pending.pop()
         try:
             with os.scandir(os.path.join(root, rel_dir) if rel_dir else root) as listing:
-                found = list(listing)
+                found = sorted(listing, key=lambda item: item.name)  # the same walk each time
         except OSError:
             return {"exists": True, "complete": False, "entries": []}
         if not hidden:
@@ -163,8 +167,12 @@ def tree_fingerprint(root: str, limit: int | None = TREE_LIMIT, hidden: bool = T
             except OSError:
                 entries.append([rel, -1, -1, None])  # gone since the listing
                 continue
-            if stat.S_ISDIR(info.st_mode):
-                pending.append(rel)
+            linked = into_links and stat.S_ISLNK(info.st_mode) and os.path.isdir(item.path)
+            if stat.S_ISDIR(info.st_mode) or linked:
+                real = os.path.realpath(item.path) if into_links else rel
+                if real not in walked:  # with into_links, each real directory once
+                    walked.add(real)
+                    pending.append(rel)
             else:
                 entries.append(_stat_entry(rel, item.path, info))
     entries.sort(key=lambda entry: entry[0])
@@ -194,18 +202,22 @@ def stage_record(inputs: dict, **kept) -> dict:
     return {"format": RECORD_FORMAT, "inputs": inputs, "digest": digest(inputs, 16), **kept}
 
 
-def read_stage_record(text: str | None, required=()) -> dict | None:
-    """A record from its JSON text, or None when absent, unreadable, of another format, with
-    ``inputs`` that are no mapping, or without one of the ``required`` keys."""
-    try:
-        data = json.loads(text or "")
-    except ValueError:
-        return None
+def valid_record(data, required=()) -> dict | None:
+    """A record as parsed, or None when it is no mapping, of another format, with ``inputs``
+    that are no mapping, or without one of the ``required`` keys."""
     if not isinstance(data, dict) or data.get("format") != RECORD_FORMAT:
         return None
     if not isinstance(data.get("inputs", {}), dict) or any(k not in data for k in required):
         return None
     return data
+
+
+def read_stage_record(text: str | None, required=()) -> dict | None:
+    """A record from its JSON text (``valid_record``), or None when absent or unreadable."""
+    try:
+        return valid_record(json.loads(text or ""), required)
+    except ValueError:
+        return None
 
 
 def inputs_changed(record: dict | None, inputs: dict) -> list[str] | None:
@@ -219,13 +231,13 @@ def inputs_changed(record: dict | None, inputs: dict) -> list[str] | None:
     return sorted(k for k in set(old) | set(inputs) if old.get(k) != inputs.get(k)) or ["inputs"]
 
 
-def write_record(path: str, record: dict, mode: int = 0o600) -> None:
+def write_record(path: str, record: dict, mode: int = 0o600, dir_mode: int = 0o700) -> None:
     """Write a record as JSON, atomically (a temporary file in the same directory, then
-    renamed over it), with ``mode``; a missing directory is made 0700."""
+    renamed over it), with ``mode``; a missing directory is made with ``dir_mode``."""
     directory = os.path.dirname(path) or "."
     if not os.path.isdir(directory):
-        os.makedirs(directory, mode=0o700, exist_ok=True)
-        os.chmod(directory, 0o700)
+        os.makedirs(directory, mode=dir_mode, exist_ok=True)
+        os.chmod(directory, dir_mode)
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
@@ -339,9 +351,7 @@ def _input_reasons(sections: dict, fingerprint: dict) -> list[tuple[str, str]]:
     record is missing or whose inputs differ, naming the settings that changed."""
     reasons = []
     for stage, inputs in fingerprint.items():
-        section = sections.get(stage)
-        valid = isinstance(section, dict) and section.get("format") == RECORD_FORMAT
-        changed = inputs_changed(section if valid else None, inputs)
+        changed = inputs_changed(valid_record(sections.get(stage)), inputs)
         if changed is None:
             reasons.append((stage, f"no record of the {stage} stage on this node"))
         elif changed:

@@ -28,6 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from ansible_collections.dgx_spark.cluster.plugins.module_utils.deployment_record import (
     file_digest,
     read_stage_record,
+    tree_fingerprint,
 )
 
 # Files that make up a model for vLLM: weights, configs, tokenizers, chat templates,
@@ -134,43 +135,34 @@ def build_manifest(
     read again (``reused``); the others are read (``hashed``).
     """
     top = os.path.realpath(root or model_dir)
+    walked = tree_fingerprint(model_dir, limit=None, into_links=True)
+    if not walked["complete"]:
+        raise OSError(f"cannot read every directory below {model_dir}")
     files: dict[str, dict] = {}
     to_hash: dict[str, str] = {}
     dangling: list[str] = []
     escaping: list[str] = []
     reused: list[str] = []
-    seen_dirs: set[str] = set()
-    for current, dirs, names in os.walk(model_dir, followlinks=True):
-        real_current = os.path.realpath(current)
-        if real_current in seen_dirs:
-            dirs[:] = []
-            continue
-        seen_dirs.add(real_current)
-        dirs.sort()
-        rel_dir = os.path.relpath(current, model_dir)
-        for name in sorted(names):
-            path = os.path.join(current, name)
-            rel = name if rel_dir == "." else os.path.join(rel_dir, name)
-            rel = rel.replace(os.sep, "/")
-            if os.path.islink(path):
-                target = os.path.realpath(path)
-                if not os.path.exists(target):
-                    dangling.append(rel)
-                    continue
-                if not _within(target, top):
-                    escaping.append(rel)
-            if not matches(rel, patterns) or not os.path.isfile(path):
+    for rel, size, mtime_ns, link in walked["entries"]:
+        path = os.path.join(model_dir, rel)
+        rel = rel.replace(os.sep, "/")
+        if link is not None:
+            if size == -1:
+                dangling.append(rel)
                 continue
-            stat = os.stat(path)
-            files[rel] = {"size": stat.st_size}
-            if known is not None:
-                files[rel]["mtime_ns"] = stat.st_mtime_ns
-            if checksum:
-                if unchanged(known, rel, files[rel]):
-                    files[rel]["sha256"] = known[rel]["sha256"]
-                    reused.append(rel)
-                else:
-                    to_hash[rel] = path
+            if not _within(os.path.realpath(path), top):
+                escaping.append(rel)
+        if not matches(rel, patterns) or not os.path.isfile(path):
+            continue
+        files[rel] = {"size": size}
+        if known is not None:
+            files[rel]["mtime_ns"] = mtime_ns
+        if checksum:
+            if unchanged(known, rel, files[rel]):
+                files[rel]["sha256"] = known[rel]["sha256"]
+                reused.append(rel)
+            else:
+                to_hash[rel] = path
     if to_hash:
         # hashlib releases the GIL on large blocks, so several files hash at once.
         with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
@@ -199,7 +191,7 @@ def unchanged(known: dict | None, rel: str, entry: dict) -> bool:
 
 def read_record(text: str) -> dict:
     """The files of a verification record (deployment_record's shape, the model directory as
-    input, written by the stage_record module; an older collection's ``{"format": 1, "files":
+    input, written by deployment_state with state=kept; an older collection's ``{"format": 1, "files":
     {...}}`` reads the same).
 
     Anything unreadable counts as no record: the files are then read again.

@@ -8,7 +8,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 ---
 module: deployment_state
-short_description: Record what a stage of deploy.yml left on a node, and tell whether it is still so
+short_description: Keep the stages' records on a node, and tell whether the node is still as recorded
 version_added: "0.1.0"
 description:
   - With O(state=recorded), a stage of C(deploy.yml) records at its end, in a root-only file,
@@ -27,18 +27,26 @@ description:
     do costs a comparison and one completion instead of every stage's checks.
   - The deploy_state role runs it, O(state=compared) in its C(in_step) entry point and
     O(state=recorded) in its C(record) entry point, which every stage playbook ends with.
+  - With O(state=kept), writes one record of a check a stage keeps for itself to O(path)
+    (host_prep's link check, vllm_serve's two-rank collective, model_cache's verification)
+    in the shape every record of the collection has, C(format), O(inputs), a C(digest) of
+    them and O(kept); the stage skips the check next time when its inputs are the same. A
+    record that already says the same is left as it is.
+  - Every write is atomic (a temporary file, then renamed over the record); a missing
+    directory is made, mode C(0755), as it may hold others' files (the record's default
+    directory holds the weights' directory, which the SSH user copies between nodes).
 author:
   - dgx_spark.cluster contributors (!UNKNOWN)
 attributes:
   check_mode:
     support: full
-    description: O(state=compared) only reads; O(state=recorded) reports what it would write.
+    description: O(state=compared) only reads; the others report what they would write.
   diff_mode:
     support: none
     description: The record is bookkeeping, not configuration.
 options:
   path:
-    description: The record file.
+    description: The record file (with O(state=kept), the check's own record).
     type: path
     default: /var/lib/dgx-spark/deployed.json
   fingerprint:
@@ -51,8 +59,17 @@ options:
         has the shape of every record the stages keep (C(stage_record) in
         C(plugins/module_utils/deployment_record.py)). A file of another shape (an older
         collection's) counts as none, and every stage runs.
+      - Required with O(state=compared) and O(state=recorded).
     type: dict
-    required: true
+  inputs:
+    description:
+      - With O(state=kept), what the check was given, after defaults (settings, the image ID, a
+        digest).
+    type: dict
+  kept:
+    description: With O(state=kept), what the check found (a time, results, a manifest).
+    type: dict
+    default: {}
   label:
     description: Label key that marks the collection's containers.
     type: str
@@ -69,8 +86,12 @@ options:
         O(label) whose containers the stage starts or moves).
       - With O(state=compared) all of it is compared, and a difference concerns the first
         stage that leaves it; with O(state=recorded) the entry of O(stage) is recorded.
+      - Required with O(state=compared) and O(state=recorded).
     type: dict
-    required: true
+  mode:
+    description: With O(state=kept), the record file's permissions, as an octal string.
+    type: str
+    default: "0644"
   serving_image:
     description:
       - The alias the ranks run. Every running container of component C(ray) or C(vllm) must
@@ -81,12 +102,14 @@ options:
     description: With O(state=recorded), the stage that records.
     type: str
   state:
-    description: C(compared) reads and compares, C(recorded) writes.
+    description:
+      - C(compared) reads and compares, C(recorded) writes a stage's record in the deployment
+        record, C(kept) writes a check's own record.
     type: str
-    choices: [compared, recorded]
+    choices: [compared, recorded, kept]
     default: compared
 requirements:
-  - docker (Python SDK) on the node
+  - docker (Python SDK) on the node, except with O(state=kept)
 """
 
 EXAMPLES = r"""
@@ -106,16 +129,29 @@ EXAMPLES = r"""
       ray: {components: [ray, ray-probe]}
     stage: ray
     state: recorded
+
+- name: Record the passed link check
+  dgx_spark.cluster.deployment_state:
+    path: /var/lib/dgx-spark/link-check.json
+    inputs: "{{ link_settings }}"
+    kept:
+      checked_at: "{{ now(utc=true, fmt='%Y-%m-%dT%H:%M:%SZ') }}"
+    state: kept
+  become: true
 """
 
 RETURN = r"""
+record:
+  description: The check's record as written, or as it would be in check mode (O(state=kept)).
+  returned: when O(state=kept)
+  type: dict
 in_step:
   description: The fingerprint and every container are as recorded (O(state=compared)).
-  returned: always
+  returned: unless O(state=kept)
   type: bool
 reasons:
   description: What differs from the record, one line each; empty when in step.
-  returned: always
+  returned: unless O(state=kept)
   type: list
   elements: str
 stages:
@@ -125,18 +161,20 @@ stages:
       image reference's C(images), the weights' C(model), a container's the stage that
       starts it); C(host_prep), every stage, for a node without a record. Empty when in
       step. The run starts at the earliest over all nodes.
-  returned: always
+  returned: unless O(state=kept)
   type: list
   elements: str
 containers:
   description: The collection's containers on the node now, by name.
-  returned: always
+  returned: unless O(state=kept)
   type: dict
 images:
   description: The image ID behind each image O(left) lists, now (empty when absent).
-  returned: always
+  returned: unless O(state=kept)
   type: dict
 """
+
+import json  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib  # noqa: E402
 from ansible_collections.dgx_spark.cluster.plugins.module_utils.deployment_record import (  # noqa: E402
@@ -146,11 +184,16 @@ from ansible_collections.dgx_spark.cluster.plugins.module_utils.deployment_recor
     read_deployment_record,
     recorded,
     snapshot,
+    stage_record,
     stages_concerned,
     text_digest,
     tree_stat,
     write_record,
 )
+
+# A directory the module makes for a record: others may need to pass it (the default
+# /var/lib/dgx-spark holds the weights, which the SSH user's rsync reads and writes).
+DIR_MODE = 0o755
 
 try:
     import docker
@@ -200,23 +243,61 @@ def table_digests(module: AnsibleModule, tables: list[str]) -> dict[str, str]:
     return out
 
 
+def keep(module: AnsibleModule) -> None:
+    """state=kept: a check's own record at path, written when it would say something else."""
+    params = module.params
+    try:
+        mode = int(params["mode"], 8)
+    except ValueError:
+        module.fail_json(msg=f"mode is {params['mode']!r}; allowed: an octal string, like 0644")
+    reserved = sorted({"format", "inputs", "digest"} & set(params["kept"]))
+    if reserved:
+        module.fail_json(msg=f"kept names {', '.join(reserved)}: the record's own fields")
+    record = stage_record(params["inputs"], **params["kept"])
+    try:
+        with open(params["path"], encoding="utf-8") as handle:
+            before = json.load(handle)
+    except (OSError, ValueError):
+        before = None
+    changed = before != json.loads(json.dumps(record, sort_keys=True, default=str))
+    if changed and not module.check_mode:
+        try:
+            write_record(params["path"], record, mode, DIR_MODE)
+        except OSError as exc:
+            module.fail_json(msg=f"cannot write {params['path']}: {exc}")
+    module.exit_json(changed=changed, record=record)
+
+
 def main() -> None:
     module = AnsibleModule(
         argument_spec={
             "path": {"type": "path", "default": "/var/lib/dgx-spark/deployed.json"},
-            "fingerprint": {"type": "dict", "required": True},
+            "fingerprint": {"type": "dict"},
+            "inputs": {"type": "dict"},
+            "kept": {"type": "dict", "default": {}},
             "label": {"type": "str", "default": "dgx_spark.cluster.component"},
-            "left": {"type": "dict", "required": True},
+            "left": {"type": "dict"},
+            "mode": {"type": "str", "default": "0644"},
             "serving_image": {"type": "str", "default": ""},
             "stage": {"type": "str"},
-            "state": {"type": "str", "choices": ["compared", "recorded"], "default": "compared"},
+            "state": {
+                "type": "str",
+                "choices": ["compared", "recorded", "kept"],
+                "default": "compared",
+            },
         },
-        required_if=[("state", "recorded", ["stage"])],
+        required_if=[
+            ("state", "compared", ["fingerprint", "left"]),
+            ("state", "recorded", ["fingerprint", "left", "stage"]),
+            ("state", "kept", ["inputs"]),
+        ],
         supports_check_mode=True,
     )
+    params = module.params
+    if params["state"] == "kept":
+        keep(module)
     if docker is None:
         module.fail_json(msg=missing_required_lib("docker"))
-    params = module.params
     stage = params["stage"]
     if params["state"] == "recorded" and (
         stage not in params["fingerprint"] or stage not in params["left"]
@@ -261,7 +342,7 @@ def main() -> None:
     wanted = recorded(record, now, stage, items["components"])
     changed = record != wanted
     if changed and not module.check_mode:
-        write_record(params["path"], wanted)
+        write_record(params["path"], wanted, dir_mode=DIR_MODE)
     module.exit_json(
         changed=changed,
         in_step=True,

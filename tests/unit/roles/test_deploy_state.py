@@ -87,26 +87,33 @@ def test_record_needs_its_stage_and_writes_nothing_in_check_mode(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("run_tags", "skip_tags", "check", "full"),
+    ("run_tags", "skip_tags", "check", "full", "whole"),
     [
-        (["all"], [], False, True),
+        (["all"], [], False, True, True),
         # Molecule's converge: tags no task carries, every stage still runs.
-        (["all"], ["molecule-notest", "notest"], False, True),
-        (["all"], ["notest", "vllm_serve"], False, False),
-        (["serve"], [], False, False),
-        # Check mode is compared as the real run would be (no stage records in check mode).
-        (["all"], [], True, True),
+        (["all"], ["molecule-notest", "notest"], False, True, True),
+        (["all"], ["notest", "vllm_serve"], False, False, False),
+        # The stage's own tag reaches all of it (the stage here is serve); another tag does not.
+        (["serve"], [], False, False, True),
+        (["host_prep_firewall"], [], False, False, False),
+        # Check mode is compared as the real run would be; no stage records in check mode.
+        (["all"], [], True, True, False),
     ],
 )
-def test_what_counts_as_a_full_run(run_tags, skip_tags, check, full):
+def test_what_counts_as_a_full_run_and_as_a_whole_stage(run_tags, skip_tags, check, full, whole):
+    """One definition of "nothing skipped but Molecule's tags" that both the in-step check
+    (_deploy_state_full_run) and a stage's record (_deploy_state_whole_stage) read."""
     from ansible.parsing.dataloader import DataLoader
     from ansible.template import Templar, trust_as_template
 
-    expr = yaml.safe_load((ROLE / "vars/main.yml").read_text())["_deploy_state_full_run"]
+    role_vars = yaml.safe_load((ROLE / "vars/main.yml").read_text())
+    names = ("_deploy_state_skips_none", "_deploy_state_full_run", "_deploy_state_whole_stage")
     facts = {"ansible_run_tags": run_tags, "ansible_skip_tags": skip_tags,
-             "ansible_check_mode": check}  # fmt: skip
+             "ansible_check_mode": check, "deploy_stage": "serve",
+             **{name: trust_as_template(role_vars[name]) for name in names}}  # fmt: skip
     templar = Templar(loader=DataLoader(), variables=facts)
-    assert templar.template(trust_as_template(expr)) is full
+    assert templar.template(trust_as_template("{{ _deploy_state_full_run | bool }}")) is full
+    assert templar.template(trust_as_template("{{ _deploy_state_whole_stage | bool }}")) is whole
 
 
 def test_every_stage_records_itself_at_its_end_and_the_guard_reads_the_roles_fact():
@@ -130,7 +137,9 @@ def test_every_stage_records_itself_at_its_end_and_the_guard_reads_the_roles_fac
         assert all("post_tasks" not in play for play in plays[:-1]), stage
     (record,) = yaml.safe_load((ROOT / "playbooks/tasks/stage_record.yml").read_text())
     assert record["ansible.builtin.include_role"]["tasks_from"] == "record"
-    assert "not ansible_check_mode" in record["when"]
+    writes = [t for t in yaml.safe_load((ROLE / "tasks/record.yml").read_text())
+              if "dgx_spark.cluster.deployment_state" in t]  # fmt: skip
+    assert [t["when"] for t in writes] == ["_deploy_state_whole_stage | bool"]
     facts = [
         t["ansible.builtin.set_fact"]
         for t in yaml.safe_load((ROLE / "tasks/in_step.yml").read_text())

@@ -270,6 +270,27 @@ def test_tree_stat_follows_links_and_leaves_hidden_entries_out(tmp_path):
     }
 
 
+def test_tree_fingerprint_walks_into_directory_links_only_when_asked(tmp_path):
+    """model_manifest walks a linked directory (and names links that leave the tree); the
+    records and the args check record the link and stay within the tree."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "w.safetensors").write_bytes(b"w" * 3)
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "shards").symlink_to(outside)
+    (tree / "shards-again").symlink_to(outside)
+    (tree / "loop").symlink_to(".")
+    plain = dr.tree_fingerprint(str(tree))
+    assert [entry[0] for entry in plain["entries"]] == ["loop", "shards", "shards-again"]
+    assert plain["entries"][1][3] == str(outside)
+    walked = dr.tree_fingerprint(str(tree), into_links=True)
+    assert walked["complete"]
+    mtime = (outside / "w.safetensors").stat().st_mtime_ns
+    # The outside directory once, by its first name; the loop not again.
+    assert walked["entries"] == [["shards/w.safetensors", 3, mtime, None]]
+
+
 STAGED = RECORD
 
 

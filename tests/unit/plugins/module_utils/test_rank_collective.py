@@ -228,7 +228,7 @@ def node(image="sha256:aa", digest="d1", record=None) -> dict:
 
 
 def rec(image="sha256:aa", digest="d1") -> dict:
-    """A record as the stage_record module writes it, read back."""
+    """A record as deployment_state (state=kept) writes it, read back."""
     parsed = rc.parse_output(result("gloo", 0))
     kept = rc.kept(parsed, "2026-12-01T00:00:00+00:00")
     return rc.read_record(json.dumps(stage_record({"image_id": image, "comm": digest}, **kept)))

@@ -1,5 +1,6 @@
 """deployment_state: the module reads Docker, files and tables, and records or compares
-(the comparison itself is tested in test_deployment_record.py)."""
+(the comparison itself is tested in test_deployment_record.py); with state=kept it writes a
+check's own record (the record's shape and reader are tested there too)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import json
 import os
 import stat
 
+import pytest
+from ansible_collections.dgx_spark.cluster.plugins.module_utils import deployment_record as dr
 from ansible_collections.dgx_spark.cluster.plugins.modules import deployment_state
 from support.modules import run_module
 
@@ -79,6 +82,9 @@ def test_record_then_compare_round_trip(tmp_path, capsys, monkeypatch):
     assert result["changed"] and not os.path.exists(path)
     rc, result = run_module(deployment_state, record["host_prep"], capsys)
     assert result["changed"] and stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    # The directory it made stays passable: the default one holds the weights' directory,
+    # which the SSH user's rsync copies between the nodes.
+    assert stat.S_IMODE(os.stat(os.path.dirname(path)).st_mode) == 0o755
     for stage in ("images", "model"):
         assert run_module(deployment_state, record[stage], capsys)[1]["changed"]
     rc, result = run_module(deployment_state, args, capsys)
@@ -130,3 +136,49 @@ def test_record_then_compare_round_trip(tmp_path, capsys, monkeypatch):
         f"{weights}: w.safetensors changed, appeared or went since the last run",
     ]
     assert result["stages"] == ["ray", "images", "host_prep", "model"]  # host_prep: the file
+
+
+# state=kept: a check's own record (host_prep's link check, the collective, the weights).
+INPUTS = {"image_id": "sha256:" + "a" * 64, "comm": "0123456789abcdef"}
+KEPT = {"checked_at": "2026-12-04T23:00:00+00:00", "backend": "gloo"}
+
+
+def test_kept_writes_once_then_leaves_the_same_record(tmp_path, capsys):
+    path = tmp_path / "state" / "collective.json"
+    args = {"path": str(path), "inputs": INPUTS, "kept": KEPT}
+    code, out = run_module(deployment_state, {**args, "state": "kept"}, capsys)
+    assert code == 0 and out["changed"] is True
+    assert stat.S_IMODE(path.stat().st_mode) == 0o644
+    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o755  # the weights may lie below it
+    written = dr.read_stage_record(path.read_text())
+    assert written == out["record"] == dr.stage_record(INPUTS, **KEPT)
+    assert dr.inputs_changed(written, INPUTS) == []
+    assert dr.inputs_changed(written, {**INPUTS, "comm": "f" * 16}) == ["comm"]
+    assert os.listdir(path.parent) == ["collective.json"]  # no temporary file left
+    code, out = run_module(deployment_state, {**args, "state": "kept"}, capsys)
+    assert code == 0 and out["changed"] is False
+
+
+def test_kept_in_check_mode_reports_and_writes_nothing(tmp_path, capsys):
+    path = tmp_path / "link-check.json"
+    path.write_text(json.dumps(dr.stage_record({"mtu": 1500}, checked_at="then")))
+    before = path.read_text()
+    args = {"path": str(path), "inputs": {"mtu": 9000}, "kept": {"checked_at": "now"}}
+    code, out = run_module(deployment_state, {**args, "state": "kept"}, capsys, check_mode=True)
+    assert code == 0 and out["changed"] is True and out["record"]["inputs"] == {"mtu": 9000}
+    assert path.read_text() == before
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        ({"mode": "rw-r--r--"}, "mode is 'rw-r--r--'; allowed: an octal string"),
+        ({"kept": {"digest": "x", "inputs": {}}}, "kept names digest, inputs: the record's own"),
+    ],
+)
+def test_kept_with_bad_options_fails_before_writing(tmp_path, capsys, args, words):
+    path = tmp_path / "record.json"
+    code, out = run_module(
+        deployment_state, {"path": str(path), "inputs": INPUTS, "state": "kept", **args}, capsys
+    )
+    assert code == 1 and words in out["msg"] and not path.exists()
