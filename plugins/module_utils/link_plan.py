@@ -42,8 +42,8 @@ def serving_containers(containers: list[dict] | None, name: str) -> list[str]:
 
 def read_link_record(text: str | None) -> dict | None:
     """A node's record of its last passed link check (deployment_record's shape, the
-    settings it measured as inputs, written by deployment_state with state=kept), or None when absent
-    or unreadable."""
+    settings it measured as inputs, written by deployment_state with state=kept), or None
+    when absent or unreadable."""
     return read_stage_record(text, required=("inputs", "checked_at"))
 
 

@@ -191,8 +191,8 @@ def unchanged(known: dict | None, rel: str, entry: dict) -> bool:
 
 def read_record(text: str) -> dict:
     """The files of a verification record (deployment_record's shape, the model directory as
-    input, written by deployment_state with state=kept; an older collection's ``{"format": 1, "files":
-    {...}}`` reads the same).
+    input, written by deployment_state with state=kept; an older collection's ``{"format": 1,
+    "files": {...}}`` reads the same).
 
     Anything unreadable counts as no record: the files are then read again.
     """

@@ -13,8 +13,8 @@ module reads that output on the controller and decides:
   transport and what to try;
 * :func:`plan`: whether the check runs: only when a node has no record of a passed check for
   the image ID and the comm settings' digest this run would start the ranks with;
-* :func:`kept`: what each node's record keeps after a passed check (deployment_state with state=kept
-  writes it, deployment_record's shape, with the image ID and the digest as inputs).
+* :func:`kept`: what each node's record keeps after a passed check (deployment_state with
+  state=kept writes it, deployment_record's shape, with the image ID and the digest as inputs).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 ---
 module: deployment_state
-short_description: Keep the stages' records on a node, and tell whether the node is still as recorded
+short_description: Keep the stages' records on a node, and tell whether it is still as recorded
 version_added: "0.1.0"
 description:
   - With O(state=recorded), a stage of C(deploy.yml) records at its end, in a root-only file,
