@@ -3,7 +3,9 @@
 
 Runs deploy.yml once (a full run when the pair is not in step; it records), then N times
 more with nothing to do, and N pings of the same inventory; prints the medians, their ratio
-(issue #42's goal: at most 2), and the tasks each node ran. `--full` also times N runs of
+(issue #42's goal: at most 2), and the tasks each node ran. It also times the floor no rerun
+can go below: ansible-playbook reading deploy.yml and its roles without connecting
+(--list-tasks), as a multiple of the ping. `--full` also times N runs of
 every stage with nothing to change (-e deploy_full=true; issue #42's goal: at most 60 s),
 the cost before the in-step check.
 
@@ -52,16 +54,22 @@ def main() -> int:
     deploy = [str(BIN / "ansible-playbook"), "-i", args.inventory, "deploy.yml"]
     ping = [str(BIN / "ansible"), "-i", args.inventory, "sparks", "-m", "ansible.builtin.ping"]
     first, _ = timed(deploy, json_out=True)
-    reruns, pings, stats = [], [], {}
+    reruns, pings, parses, stats = [], [], [], {}
     for _ in range(args.runs):
         seconds, stats = timed(deploy, json_out=True)
         reruns.append(seconds)
         pings.append(timed(ping)[0])
+        parses.append(timed([*deploy, "--list-tasks"])[0])
     rerun, ping_s = statistics.median(reruns), statistics.median(pings)
+    parse = statistics.median(parses)
     print(f"first deploy.yml (records):         {first:7.1f} s")
     print(f"deploy.yml with nothing to do:      {rerun:7.1f} s  (median of {args.runs})")
     print(f"ansible -m ping of the pair:        {ping_s:7.2f} s  (median of {args.runs})")
     print(f"ratio:                              {rerun / ping_s:7.1f}  (issue #42: <= 2)")
+    print(
+        f"deploy.yml read, no connection:     {parse:7.2f} s  "
+        f"({parse / ping_s:.1f}x the ping: the floor of any rerun)"
+    )
     print_tasks(stats)
     if args.full:
         fulls, full_stats = [], {}
