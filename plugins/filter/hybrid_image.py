@@ -78,6 +78,11 @@ def hybrid_image_preflight(found, host, strategy, inputs, base_ray="", ray_overr
     return {"errors": errors, "ray_version": version, "ray_source": source}
 
 
+def hybrid_image_builds_to_remove(images, repository, keep, in_use=None):
+    """The tags to take off the builds of a repository beyond the newest ``keep``."""
+    return _wrap(hybrid_image.builds_to_remove, list(images or []), repository, keep, list(in_use or []))
+
+
 # The operations of the one filter this role uses, dgx_spark.cluster.hybrid_image:
 # ``value | dgx_spark.cluster.hybrid_image('<operation>', ...)``.
 OPERATIONS = {
@@ -89,6 +94,7 @@ OPERATIONS = {
     "wheel_target": hybrid_image_wheel_target,
     "transplant_plan": hybrid_image_transplant_plan,
     "patch_registry": hybrid_image_patch_registry,
+    "builds_to_remove": hybrid_image_builds_to_remove,
 }
 
 

@@ -469,3 +469,33 @@ def check_ray_token_auth(host: str, version: str, source: str, minimum: str = RA
             f"to {minimum} or newer"
         ]
     return []
+
+
+def builds_to_remove(images: list[dict], repository: str, keep: int, in_use: list[str]) -> list[str]:
+    """The tags to take off the builds of ``repository`` beyond the newest ``keep``.
+
+    ``images`` lists the node's images as Docker's image list gives them (``Id``,
+    ``RepoTags``, ``Created`` in epoch seconds); ``in_use`` the image IDs that a container,
+    running or stopped, was made from, and the alias's. An image is a build of the
+    repository when one of its tags is in it; the newest ``keep`` builds and every build in
+    use stay. What is returned is the others' tags in the repository, oldest build first:
+    with its last tag gone, Docker removes the image, and one a user also tagged elsewhere
+    keeps that tag and its layers.
+    """
+    if not isinstance(keep, int) or isinstance(keep, bool) or keep < 1:
+        raise HybridImageError(f"hybrid_image_keep_builds ({keep!r}) must be a whole number, 1 or more")
+    prefix = repository + ":"
+    builds = [
+        image
+        for image in images
+        if any(tag.startswith(prefix) for tag in image.get("RepoTags") or [])
+    ]
+    builds.sort(key=lambda image: (int(image.get("Created") or 0), image["Id"]), reverse=True)
+    used = set(in_use)
+    drop = [image for image in builds[keep:] if image["Id"] not in used]
+    return [
+        tag
+        for image in reversed(drop)
+        for tag in sorted(image.get("RepoTags") or [])
+        if tag.startswith(prefix)
+    ]

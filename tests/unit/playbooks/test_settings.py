@@ -53,6 +53,7 @@ def plays(output: str) -> list[str]:
             "ray_cluster_min_worker_port..ray_cluster_max_worker_port",
         ),
         ("vllm_serve_api_key=", "vllm_serve_api_key is empty"),
+        ("hybrid_image_keep_builds=0", "hybrid_image_keep_builds is 0; allowed: a whole number"),
     ],
 )
 def test_a_bad_setting_is_refused_before_any_connection(setting, named):

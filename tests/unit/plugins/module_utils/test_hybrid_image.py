@@ -570,3 +570,45 @@ def test_check_ray_token_auth():
     assert "2.52.0 or newer" in old and "hybrid_image_ray_version" in old
     (none,) = hi.check_ray_token_auth("spark-2", "", "the base (hybrid_image_base)")
     assert "has no Ray" in none
+
+
+def _build(created, *tags, digest="0"):
+    return {"Id": f"sha256:{digest * 64}", "RepoTags": list(tags), "Created": created}
+
+
+REPO = "dgx-spark/vllm-serving"
+# Shaped as docker_host_info's images (Docker's image list), newest last here on purpose.
+BUILDS = [
+    _build(100, f"{REPO}:aaaaaaaaaaaa", digest="a"),
+    _build(200, f"{REPO}:bbbbbbbbbbbb", "backup/mine:kept", digest="b"),
+    _build(300, f"{REPO}:cccccccccccc-unverified", digest="c"),
+    _build(400, f"{REPO}:dddddddddddd", digest="d"),
+    _build(500, f"{REPO}:eeeeeeeeeeee", f"{REPO}:current", digest="e"),
+    _build(600, f"{REPO}-molecule:ffffffffffff", digest="f"),
+]
+
+
+def test_builds_to_remove_keeps_the_newest_and_those_in_use():
+    # Newest two of the repository: e (the alias's) and d. a is in use by a container.
+    tags = hi.builds_to_remove(BUILDS, REPO, 2, ["sha256:" + "a" * 64])
+    # Oldest first; another repository's tag on b and the molecule repository are never named.
+    assert tags == [f"{REPO}:bbbbbbbbbbbb", f"{REPO}:cccccccccccc-unverified"]
+
+
+def test_builds_to_remove_with_room_for_every_build_removes_nothing():
+    assert hi.builds_to_remove(BUILDS, REPO, 5, []) == []
+    assert hi.builds_to_remove([], REPO, 1, []) == []
+
+
+def test_builds_to_remove_counts_builds_not_tags():
+    # The alias's build carries two tags: both are one build, and with keep=1 it is the one kept.
+    tags = hi.builds_to_remove(BUILDS, REPO, 1, [])
+    assert f"{REPO}:current" not in tags and f"{REPO}:eeeeeeeeeeee" not in tags
+    assert tags[0] == f"{REPO}:aaaaaaaaaaaa"
+    assert len(tags) == 4
+
+
+@pytest.mark.parametrize("keep", [0, -1, True, "3"])
+def test_builds_to_remove_refuses_a_keep_below_one(keep):
+    with pytest.raises(hi.HybridImageError, match="hybrid_image_keep_builds"):
+        hi.builds_to_remove(BUILDS, REPO, keep, [])
