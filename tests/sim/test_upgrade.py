@@ -23,6 +23,7 @@ from test_serving import KEY, Client, complete, vllm_start_seconds
 
 CLUSTER = yaml.safe_load((ROOT / "inventories/sim/group_vars/all/cluster.yml").read_text())
 DONOR = CLUSTER["hybrid_image_donor"]
+HELD = "dgxsim-test/inventory-donor:held"
 ALIAS = "dgx-spark/vllm-serving:current"
 PREVIOUS = "dgx-spark/vllm-serving:previous"
 RANKS = ("dgx-spark-ray", "dgx-spark-vllm")
@@ -71,12 +72,17 @@ def upgrade(deployed_pair, nodes):
     """The pair in step with the inventory (deploy.yml's in-step check repaired whatever an
     earlier module left, such as test_serving's rotated key or test_monitoring's record), and
     the inventory's donor tagged again afterwards; the test's donor goes once no image is
-    built on it."""
+    built on it. While the test's donors hold the tag, the inventory's keeps a name of its own,
+    as an owner keeps an image: the images stage keeps only the newest builds
+    (hybrid_image_keep_builds), and Docker removes an old build's untagged parents with it."""
     assert complete(nodes, KEY)
     donor = {n.name: node_image_id(n, DONOR) for n in nodes}
+    for node in nodes:
+        on_node(node, "docker", "tag", donor[node.name], HELD)
     yield donor
     for node in nodes:
         on_node(node, "docker", "tag", donor[node.name], DONOR)
+        on_node(node, "docker", "image", "rm", HELD)
         on_node(node, "docker", "image", "prune", "--force", "--filter", "label=dgxsim.test.donor")
 
 
