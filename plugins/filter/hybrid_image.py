@@ -80,7 +80,9 @@ def hybrid_image_preflight(found, host, strategy, inputs, base_ray="", ray_overr
 
 def hybrid_image_builds_to_remove(images, repository, keep, in_use=None):
     """The tags to take off the builds of a repository beyond the newest ``keep``."""
-    return _wrap(hybrid_image.builds_to_remove, list(images or []), repository, keep, list(in_use or []))
+    return _wrap(
+        hybrid_image.builds_to_remove, list(images or []), repository, keep, list(in_use or [])
+    )
 
 
 # The operations of the one filter this role uses, dgx_spark.cluster.hybrid_image:

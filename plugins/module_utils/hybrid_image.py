@@ -471,7 +471,9 @@ def check_ray_token_auth(host: str, version: str, source: str, minimum: str = RA
     return []
 
 
-def builds_to_remove(images: list[dict], repository: str, keep: int, in_use: list[str]) -> list[str]:
+def builds_to_remove(
+    images: list[dict], repository: str, keep: int, in_use: list[str]
+) -> list[str]:
     """The tags to take off the builds of ``repository`` beyond the newest ``keep``.
 
     ``images`` lists the node's images as Docker's image list gives them (``Id``,
@@ -483,7 +485,9 @@ def builds_to_remove(images: list[dict], repository: str, keep: int, in_use: lis
     keeps that tag and its layers.
     """
     if not isinstance(keep, int) or isinstance(keep, bool) or keep < 1:
-        raise HybridImageError(f"hybrid_image_keep_builds ({keep!r}) must be a whole number, 1 or more")
+        raise HybridImageError(
+            f"hybrid_image_keep_builds ({keep!r}) must be a whole number, 1 or more"
+        )
     prefix = repository + ":"
     builds = [
         image
