@@ -29,6 +29,13 @@ left, each part refreshed by the stage that writes it:
 * ``tables``: a digest of each live nftables table (stateless listing, so counters do not
   count): a table flushed by hand differs from the file that loaded it.
 
+A stage's entry in that table may also list what it is ``handed`` by the stages before it
+(the host files the ranks load, the weights, the Ray containers the serving group runs in);
+its record keeps a digest of each as it was when the stage ran (``handed``). So when a run
+starts at an earlier stage, a later one is asked again at its turn and runs only when its own
+record differs: a firewall rule changed by host_prep leaves the ranks alone, a comm.env it
+rewrote does not.
+
 ``compare_stages`` names each difference in one line with the stage of deploy.yml it concerns:
 a stage without a record or whose inputs changed, and for what was left the first stage that
 leaves it (the deploy_state role's table of what each stage leaves, in deploy.yml's order).
@@ -335,6 +342,42 @@ def _container_reasons(recorded: dict, containers: dict) -> list[tuple[str, str]
     return reasons
 
 
+def handed(spec: dict | None, now: dict) -> dict[str, str]:
+    """What a stage was handed by the stages before it, as ``now`` has it: ``{"<kind> <item>":
+    16 hex digits of its digest}`` for each item ``spec`` (kind -> items, KINDS) names; a
+    component stands for its containers. Its record keeps these (``recorded``)."""
+    found = {}
+    for kind in KINDS:
+        for item in (spec or {}).get(kind) or []:
+            if kind == "components":
+                containers = now.get("containers") or {}
+                value = {n: c for n, c in containers.items() if c.get("component") == item}
+            else:
+                value = (now.get(kind) or {}).get(item)
+            found[f"{kind} {item}"] = digest(value, 16)
+    return found
+
+
+def _handed_reasons(sections: dict, now: dict, left: dict, named: set) -> list[tuple[str, str]]:
+    """(stage, reason) for each stage whose record was handed something other than what the
+    node has now (``handed`` in its entry of ``left``), unless the comparison named that item
+    already (``named``: "<kind> <item>"): the stage that leaves it runs first, and this one is
+    asked again when its turn comes (deploy.yml runs a later stage only when it differs)."""
+    reasons = []
+    for stage, kinds in left.items():
+        section = valid_record(sections.get(stage))
+        if section is None:
+            continue  # named already: no record of the stage
+        was = section.get("handed") or {}
+        for key, value in handed(kinds.get("handed"), now).items():
+            if key in named or was.get(key) == value:
+                continue
+            kind, _, item = key.partition(" ")
+            what = f"the {item} containers" if kind == "components" else item
+            reasons.append((stage, f"{what}: changed since the {stage} stage last ran"))
+    return reasons
+
+
 def owners(left: dict) -> dict[tuple[str, str], str]:
     """(kind, item) -> the first stage, in ``left``'s order (deploy.yml's), that leaves it:
     ``left`` maps each stage to what it leaves by kind (KINDS)."""
@@ -393,12 +436,12 @@ def compare_stages(record: dict | None, now: dict, left: dict) -> list[tuple[str
         return [(first, NO_RECORD), *reasons]
     was = record["left"]
     reasons += _input_reasons(record["stages"], now.get("fingerprint") or {})
-    reasons += [
-        (owner.get(("components", component), first), reason)
-        for component, reason in _container_reasons(
-            was.get("containers") or {}, now.get("containers") or {}
-        )
-    ]
+    named = set()
+    for component, reason in _container_reasons(
+        was.get("containers") or {}, now.get("containers") or {}
+    ):
+        named.add(f"components {component}")
+        reasons.append((owner.get(("components", component), first), reason))
     for kind, found in (
         ("images", _image_reasons),
         ("files", _file_reasons),
@@ -406,8 +449,9 @@ def compare_stages(record: dict | None, now: dict, left: dict) -> list[tuple[str
         ("tables", _table_reasons),
     ):
         for item, reason in found(was.get(kind) or {}, now.get(kind) or {}):
+            named.add(f"{kind} {item}")
             reasons.append((owner.get((kind, item), first), reason))
-    return reasons
+    return reasons + _handed_reasons(record["stages"], now, left, named)
 
 
 def compare(record: dict | None, now: dict, left: dict) -> list[str]:
@@ -422,11 +466,13 @@ def stages_concerned(stage_reasons: list[tuple[str, str]]) -> list[str]:
 
 def recorded(record: dict | None, now: dict, stage: str, components=()) -> dict:
     """The deployment record after ``stage`` ran: its stage record made of
-    ``now["fingerprint"][stage]``; of what was left, each image, file, tree and table given in
-    ``now`` as it is now (the others as recorded) and the containers of ``components`` as they
-    are now (those of other components as recorded)."""
+    ``now["fingerprint"][stage]`` and what it was handed (``now["handed"]``, from
+    ``handed``, where it is handed anything); of what was left, each image, file, tree and
+    table given in ``now`` as it is now (the others as recorded) and the containers of
+    ``components`` as they are now (those of other components as recorded)."""
     record = record or {"stages": {}, "left": {}}
-    stages = {**record["stages"], stage: stage_record(now["fingerprint"][stage])}
+    kept = {"handed": now["handed"]} if now.get("handed") else {}
+    stages = {**record["stages"], stage: stage_record(now["fingerprint"][stage], **kept)}
     left = {kind: dict(record["left"].get(kind) or {}) for kind in LEFT}
     for kind in ITEMS:
         left[kind].update(now.get(kind) or {})

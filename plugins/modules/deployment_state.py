@@ -84,6 +84,12 @@ options:
         out), C(tables) (live nftables tables, C(family name), by a digest of C(nft -s list
         table); absent or without C(nft) counts as empty) and C(components) (the values of
         O(label) whose containers the stage starts or moves).
+      - A stage's entry may also have C(handed), of the same kinds, naming what the stages
+        before it leave that it uses (the host files the ranks load, the weights, the Ray
+        containers the serving group runs in). Its record keeps a digest of each as it was
+        then; O(state=compared) names the stage when one differs now and no stage that leaves
+        it is named for it already. So a run that starts at an earlier stage asks again at a
+        later one's turn (C(deploy.yml)), which runs only when something it uses moved.
       - With O(state=compared) all of it is compared, and a difference concerns the first
         stage that leaves it; with O(state=recorded) the entry of O(stage) is recorded.
       - Required with O(state=compared) and O(state=recorded).
@@ -178,9 +184,11 @@ import json  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib  # noqa: E402
 from ansible_collections.dgx_spark.cluster.plugins.module_utils.deployment_record import (  # noqa: E402
+    ITEMS,
     KINDS,
     compare_stages,
     file_digest,
+    handed,
     read_deployment_record,
     recorded,
     snapshot,
@@ -305,13 +313,19 @@ def main() -> None:
         module.fail_json(
             msg=f"the fingerprint and left must both have an entry for stage {stage!r}"
         )
-    # What is read: what every stage leaves to compare, the recording stage's to record.
-    parts = [params["left"][stage]] if params["state"] == "recorded" else params["left"].values()
+    # What is read: what every stage leaves and is handed, to compare; to record, what the
+    # recording stage leaves (its record's "left") and is handed (its own record's "handed").
+    recording = params["state"] == "recorded"
+    parts = [params["left"][stage]] if recording else list(params["left"].values())
+    given = [(part or {}).get("handed") or {} for part in parts]
     items = {kind: [i for part in parts for i in (part or {}).get(kind) or []] for kind in KINDS}
+    read = {
+        kind: {*items[kind], *(i for spec in given for i in spec.get(kind) or [])} for kind in KINDS
+    }
     try:
         client = docker.from_env()
         containers = snapshot(inspect_all(client, params["label"]))
-        images = image_ids(client, items["images"])
+        images = image_ids(client, sorted(read["images"]))
         serving = params["serving_image"]
         # The alias is usually among the images read already; a stage's record reads none.
         serving_id = images.get(serving) or (
@@ -323,9 +337,9 @@ def main() -> None:
         "fingerprint": params["fingerprint"],
         "containers": containers,
         "images": images,
-        "files": {path: file_digest(path) for path in items["files"]},
-        "trees": {root: tree_stat(root) for root in items["trees"]},
-        "tables": table_digests(module, items["tables"]),
+        "files": {path: file_digest(path) for path in sorted(read["files"])},
+        "trees": {root: tree_stat(root) for root in sorted(read["trees"])},
+        "tables": table_digests(module, sorted(read["tables"])),
         "serving_image": {"ref": serving, "id": serving_id},
     }
     record = read_record(params["path"])
@@ -339,7 +353,11 @@ def main() -> None:
             containers=containers,
             images=images,
         )
-    wanted = recorded(record, now, stage, items["components"])
+    # The record's "left" keeps what the stage leaves only: an item it is merely handed stays
+    # as the stage that leaves it recorded it (a comm.env edited by hand stays host_prep's).
+    mine = {kind: {i: v for i, v in now[kind].items() if i in items[kind]} for kind in ITEMS}
+    handed_now = handed(given[0], now)
+    wanted = recorded(record, {**now, **mine, "handed": handed_now}, stage, items["components"])
     changed = record != wanted
     if changed and not module.check_mode:
         write_record(params["path"], wanted, dir_mode=DIR_MODE)

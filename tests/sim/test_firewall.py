@@ -283,16 +283,32 @@ def in_step_report(run) -> str:
     return said[0] if isinstance(said[0], str) else "\n".join(said[0])
 
 
+def rank_containers(nodes) -> dict[str, str]:
+    """The ID of every Ray and serving container on the pair, by node and name."""
+    found = {}
+    for node in nodes:
+        names = docker("exec", node.container, "docker", "ps", "-a", "--format", "{{.Names}}")
+        for name in names.split():
+            if name in ("dgx-spark-ray", "dgx-spark-vllm"):
+                found[f"{node.name}/{name}"] = docker(
+                    "exec", node.container, "docker", "inspect", "-f", "{{.Id}}", name
+                ).strip()
+    return found
+
+
 def test_a_changed_allowed_sources_reaches_the_firewall_through_deploy(
     deployed_pair, nodes, outsider, controller, playbook
 ):
     """deploy.yml with vllm_serve_allowed_sources narrowed to the controller: the run starts at
     host_prep (its firewall reads the setting), the head's table holds the new set, the
     outsider is refused on the serving port while the controller is answered, and the same run
-    again is in step. The inventory's default then admits the outsider again, and a bad CIDR
-    is refused before any node is changed."""
+    again is in step. Asked again at their turns, the stages between host_prep and monitoring
+    (which reads the setting too) have nothing to do: no rank's container is touched. The
+    inventory's default then admits the outsider again, and a bad CIDR is refused before any
+    node is changed."""
     head = nodes[0]
     default = serving_sources(head)
+    ranks = rank_containers(nodes)
     narrowed = ["-e", json.dumps({"vllm_serve_allowed_sources": [f"{controller}/32"]})]
     try:
         run = playbook("deploy.yml", *narrowed)
@@ -302,6 +318,13 @@ def test_a_changed_allowed_sources_reaches_the_firewall_through_deploy(
         assert "spark-1: the host_prep stage's inputs changed: vllm_serve_allowed_sources" in (
             said
         ), said
+        turns = [r.get("msg") for name, _h, r in run.results() if name == "Report the stage's turn"]
+        assert turns[:4] == [
+            f"The {stage} stage has nothing to do: every node is as it recorded."
+            for stage in ("images", "model", "ray", "serve")
+        ], turns
+        assert turns[4][0] == "Running the monitoring stage:", turns
+        assert rank_containers(nodes) == ranks and len(ranks) == 3, ranks
         assert serving_sources(head) == [controller], (serving_sources(head), default)
         assert connect(outsider, head.mgmt_ip, SERVING_PORT) == "refused"
         assert completion(head) == 2

@@ -8,6 +8,7 @@ benchmarks/noop_rerun.py prints what that costs against a ping.
 
 from __future__ import annotations
 
+import json
 import shlex
 
 import pytest
@@ -202,6 +203,50 @@ def test_drift_a_rerun_must_see_is_seen_and_repaired(in_step, hosts):
     assert report(again).startswith("In step"), report(again)
     assert again.changed() == {"localhost": 0, "spark-1": 0, "spark-2": 0}, again.changed_tasks()
     print(f"\ndrift: seen in {check.seconds:.1f}s, repaired by deploy.yml in {repair.seconds:.0f}s")
+
+
+def rank_env(host) -> list[str]:
+    return json.loads(
+        host.check_output("sudo docker inspect --format '{{json .Config.Env}}' dgx-spark-ray")
+    )
+
+
+def turns(run) -> list:
+    return [r.get("msg") for name, _h, r in run.results() if name == "Report the stage's turn"]
+
+
+def test_a_file_host_prep_rewrites_reaches_the_stages_it_is_handed_to(in_step, hosts):
+    """A setting only host_prep reads (host_prep_comm_env_extra) changes comm.env, which the
+    Ray containers load: the run starts at host_prep, the images and model stages have
+    nothing to do at their turns, the ray stage runs for the file and the serve stage for the
+    Ray containers it recreated; every Ray container carries the variable and the pair
+    serves. The inventory's run takes it out of every Ray container again, and is in step."""
+    extra = ["-e", json.dumps({"host_prep_comm_env_extra": {"NCCL_DEBUG": "WARN"}})]
+    try:
+        run = run_playbook("deploy.yml", *extra)
+        assert run.rc == 0, run.failures() or run.raw[-3000:]
+        assert report(run).startswith("Running every stage:"), report(run)
+        said = turns(run)
+        assert said[:2] == [
+            f"The {stage} stage has nothing to do: every node is as it recorded."
+            for stage in ("images", "model")
+        ], said
+        assert said[2][0] == "Running the ray stage:", said
+        assert (
+            "spark-2: /etc/dgx-spark/comm.env: changed since the ray stage last ran" in (said[2])
+        ), said
+        assert said[3][0] == "Running the serve stage:", said
+        assert any("the ray containers: changed since the serve stage" in line
+                   for line in said[3]), said  # fmt: skip
+        for host in hosts.values():
+            assert "NCCL_DEBUG=WARN" in rank_env(host)
+        assert "Ask the running pair for one token" in ran(run)
+    finally:
+        back = run_playbook("deploy.yml")
+    assert back.rc == 0, back.failures() or back.raw[-3000:]
+    for host in hosts.values():
+        assert not [v for v in rank_env(host) if v.startswith("NCCL_DEBUG=")], rank_env(host)
+    assert report(run_playbook("playbooks/in_step.yml")).startswith("In step")
 
 
 def test_a_shard_changed_at_its_size_and_time_is_seen_only_by_a_checksum(in_step, hosts):

@@ -150,6 +150,30 @@ def test_every_stage_records_itself_at_its_end_and_the_guard_reads_the_roles_fac
     assert list(left) == stages
 
 
+def test_a_later_stage_asks_again_at_its_turn_only_where_in_step_allows_it():
+    """The guard enters the role's gate entry point only in a run in_step.yml gated (a full
+    run that started at an earlier stage for a record's difference: not a silent endpoint,
+    not check mode), and ends the stage on the gate's answer."""
+    guard = yaml.safe_load((ROOT / "playbooks/tasks/in_step_guard.yml").read_text())
+    (gate,) = [t for t in guard if t.get("ansible.builtin.include_role", {}).get("tasks_from")
+               == "gate"]  # fmt: skip
+    assert "deploy_state_gated | default(false) | bool" in gate["when"]
+    assert "deploy_stage != deploy_state_first_stage | default('')" in gate["when"]
+    ends = [t for t in guard if t.get("ansible.builtin.meta") == "end_play"]
+    assert any("deploy_state_stage_in_step" in t["when"] for t in ends)
+    assert guard.index(gate) < guard.index(ends[-1])
+    (said,) = [
+        t["ansible.builtin.set_fact"]
+        for t in yaml.safe_load((ROLE / "tasks/in_step.yml").read_text())
+        if "deploy_state_gated" in t.get("ansible.builtin.set_fact", {})
+    ]
+    gated = said["deploy_state_gated"]
+    assert "not ansible_check_mode" in gated and "not _silent" in gated
+    assert "_deploy_state_in_step is not skipped" in gated
+    specs = yaml.safe_load((ROLE / "meta/argument_specs.yml").read_text())["argument_specs"]
+    assert specs["gate"]["options"]["deploy_stage"]["required"]
+
+
 def scalars(node) -> list[str]:
     """Every key and scalar of a loaded YAML document, as text (comments are not in it)."""
     if isinstance(node, dict):

@@ -61,12 +61,14 @@ def node(**changes) -> dict:
     return {**now, **changes}
 
 
-def run_stages(now: dict, record: dict | None = None, stages=STAGES) -> dict:
-    """The record after these stages ran, in order, each recording what it leaves of ``now``."""
+def run_stages(now: dict, record: dict | None = None, stages=STAGES, left=None) -> dict:
+    """The record after these stages ran, in order, each recording what it leaves of ``now``
+    and what it is handed (``left``: the table, LEFT_MAP unless given)."""
     for stage in stages:
-        leaves = LEFT_MAP[stage]
+        leaves = (left or LEFT_MAP)[stage]
         given = {kind: now[kind] for kind in dr.ITEMS if kind in leaves}
         given.update(fingerprint=now["fingerprint"], containers=now["containers"])
+        given.update(handed=dr.handed(leaves.get("handed"), now))
         record = dr.recorded(record, given, stage, leaves.get("components", []))
     return record
 
@@ -350,3 +352,79 @@ def test_the_role_s_table_of_what_each_stage_leaves_is_in_deploy_yml_s_order():
     assert list(LEFT_MAP) == list(left["_deploy_state_left"])
     assert dr.owners(LEFT_MAP)[("components", "ray")] == "ray"
     assert dr.compare_stages(None, node(), {})[0] == ("", dr.NO_RECORD)
+
+
+MODELS = "/var/lib/dgx-spark/models"
+# The role's table with what the ray and serve stages are handed (roles/deploy_state/vars).
+HANDED_MAP = {
+    **LEFT_MAP,
+    "ray": {**LEFT_MAP["ray"], "handed": {"files": [COMM]}},
+    "serve": {**LEFT_MAP["serve"],
+              "handed": {"files": [COMM], "trees": [MODELS], "components": ["ray"]}},
+}  # fmt: skip
+
+
+def test_a_later_stage_is_named_for_what_an_earlier_one_changed_of_what_it_is_handed():
+    """A run that started at host_prep asks again at each later stage's turn: after host_prep
+    rewrote comm.env and recorded, the ray and serve stages (which load it) differ; after the
+    ray stage recreated its containers, the serve stage (whose ranks run in them) differs; a
+    changed firewall table moves no later stage. The record keeps a digest of each item."""
+    record = run_stages(node(), left=HANDED_MAP)
+    assert dr.compare(record, node(), HANDED_MAP) == []
+    assert sorted(record["stages"]["serve"]["handed"]) == [
+        "components ray",
+        f"files {COMM}",
+        f"trees {MODELS}",
+    ]
+    assert "handed" not in record["stages"]["host_prep"]
+    edited = node(files={**node()["files"], COMM: "e" * 64})
+    # Before host_prep runs again, the file is host_prep's difference alone.
+    assert dr.compare_stages(record, edited, HANDED_MAP) == [
+        ("host_prep", f"{COMM}: edited since the last run")
+    ]
+    after_host_prep = run_stages(edited, record, ["host_prep"], HANDED_MAP)
+    assert dr.compare_stages(after_host_prep, edited, HANDED_MAP) == [
+        ("ray", f"{COMM}: changed since the ray stage last ran"),
+        ("serve", f"{COMM}: changed since the serve stage last ran"),
+    ]
+    moved = dr.snapshot([inspected("dgx-spark-ray", "c5"),
+                         inspected("dgx-spark-vllm", "c2", component="vllm")])  # fmt: skip
+    recreated = {**edited, "containers": moved}
+    after_ray = run_stages(recreated, after_host_prep, ["ray"], HANDED_MAP)
+    assert dr.compare_stages(after_ray, recreated, HANDED_MAP) == [
+        ("serve", f"{COMM}: changed since the serve stage last ran"),
+        ("serve", "the ray containers: changed since the serve stage last ran"),
+    ]
+    assert dr.compare(run_stages(recreated, after_ray, ["serve"], HANDED_MAP), recreated,
+                      HANDED_MAP) == []  # fmt: skip
+    # A firewall table host_prep loaded anew: no later stage is handed it.
+    flushed = node(tables={"inet dgx_spark": "u" * 64})
+    again = run_stages(flushed, record, ["host_prep"], HANDED_MAP)
+    assert dr.compare(again, flushed, HANDED_MAP) == []
+
+
+def test_a_stage_record_without_what_it_was_handed_is_named_once():
+    """A record an older collection wrote (no handed): the stages handed anything run once."""
+    older = run_stages(node())
+    assert [stage for stage, _ in dr.compare_stages(older, node(), HANDED_MAP)] == [
+        "ray",
+        "serve",
+        "serve",
+        "serve",
+    ]
+    assert dr.compare(run_stages(node(), older, ["ray", "serve"], HANDED_MAP), node(),
+                      HANDED_MAP) == []  # fmt: skip
+
+
+def test_the_role_s_table_hands_a_stage_only_what_an_earlier_stage_leaves():
+    left = yaml.safe_load((ROOT / "roles/deploy_state/vars/main.yml").read_text())
+    table = left["_deploy_state_left"]
+    order = list(table)
+    owner = dr.owners(table)
+    handed = {stage: kinds["handed"] for stage, kinds in table.items() if "handed" in kinds}
+    assert sorted(handed) == ["ray", "serve"]
+    for stage, kinds in handed.items():
+        assert set(kinds) <= set(dr.KINDS), stage
+        for kind, items in kinds.items():
+            for item in items:
+                assert order.index(owner[(kind, item)]) <= order.index(stage), (stage, item)

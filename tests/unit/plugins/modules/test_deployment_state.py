@@ -138,6 +138,42 @@ def test_record_then_compare_round_trip(tmp_path, capsys, monkeypatch):
     assert result["stages"] == ["ray", "images", "host_prep", "model"]  # host_prep: the file
 
 
+def test_what_a_stage_is_handed_is_kept_apart_from_what_it_leaves(tmp_path, capsys, monkeypatch):
+    """The ray stage is handed host_prep's comm.env: its record keeps a digest of it, but a
+    ray stage run alone after a hand edit leaves the file host_prep's difference; once
+    host_prep wrote it anew, the ray stage is the one that differs."""
+    monkeypatch.setattr(deployment_state.docker, "from_env", FakeDocker.from_env)
+    FakeDocker.containers_now = [inspected("dgx-spark-ray")]
+    FakeDocker.images_now = {}
+    comm_env = tmp_path / "comm.env"
+    comm_env.write_text("A=1\n")
+    path = str(tmp_path / "deployed.json")
+    left = {"host_prep": {"files": [str(comm_env)]},
+            "ray": {"components": ["ray"], "handed": {"files": [str(comm_env)]}}}  # fmt: skip
+    args = {"path": path, "fingerprint": {"host_prep": {}, "ray": {}}, "left": left}
+
+    def record(stage):
+        return run_module(deployment_state, {**args, "state": "recorded", "stage": stage}, capsys)
+
+    def compare():
+        result = run_module(deployment_state, args, capsys)[1]
+        return result["stages"], result["reasons"]
+
+    record("host_prep")
+    record("ray")
+    assert compare() == ([], [])
+    comm_env.write_text("A=2\n")
+    edited = (["host_prep"], [f"{comm_env}: edited since the last run"])
+    assert compare() == edited
+    assert record("ray")[1]["changed"]  # its handed digest, not host_prep's file
+    assert compare() == edited
+    record("host_prep")
+    assert compare() == ([], [])
+    comm_env.write_text("A=3\n")
+    record("host_prep")
+    assert compare() == (["ray"], [f"{comm_env}: changed since the ray stage last ran"])
+
+
 # state=kept: a check's own record (host_prep's link check, the collective, the weights).
 INPUTS = {"image_id": "sha256:" + "a" * 64, "comm": "0123456789abcdef"}
 KEPT = {"checked_at": "2026-12-04T23:00:00+00:00", "backend": "gloo"}
