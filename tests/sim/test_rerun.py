@@ -240,7 +240,10 @@ def test_a_file_host_prep_rewrites_reaches_the_stages_it_is_handed_to(in_step, h
                    for line in said[3]), said  # fmt: skip
         for host in hosts.values():
             assert "NCCL_DEBUG=WARN" in rank_env(host)
-        assert "Ask the running pair for one token" in ran(run)
+        assert (
+            "Ask /v1/models for the served model, and for a completion unless the decision got one"
+            in ran(run)
+        )
     finally:
         back = run_playbook("deploy.yml")
     assert back.rc == 0, back.failures() or back.raw[-3000:]
