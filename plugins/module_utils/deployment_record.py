@@ -372,7 +372,7 @@ def _handed_reasons(sections: dict, now: dict, left: dict, named: set) -> list[t
         for key, value in handed(kinds.get("handed"), now).items():
             if key in named or was.get(key) == value:
                 continue
-            kind, _, item = key.partition(" ")
+            kind, item = key.split(" ", 1)
             what = f"the {item} containers" if kind == "components" else item
             reasons.append((stage, f"{what}: changed since the {stage} stage last ran"))
     return reasons
