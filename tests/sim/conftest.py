@@ -290,13 +290,11 @@ def _answers(nodes) -> bool:
 DEPLOYS_LOG = ROOT / ".cache" / "sim-test-deploys.log"
 
 
-@pytest.fixture(scope="module")
-def deployed_pair(request, sim, nodes):
-    """The pair serving the inventory's deployment, for each module that needs it whatever ran
-    before: deploy.yml's own in-step check (playbooks/in_step.yml, seconds), and deploy.yml
-    where it finds the pair out of step with the inventory (a full deploy on a fresh pair, or
-    a repair of what an earlier module left). Its seconds and the in-step check's words go to
-    DEPLOYS_LOG."""
+def bring_in_step(who: str, nodes) -> None:
+    """deploy.yml's own in-step check (playbooks/in_step.yml, seconds), and deploy.yml where it
+    finds the pair out of step with the inventory (a full deploy on a fresh pair, or a repair of
+    what ran before: a restarted container, other settings recorded, a torn-down pair). Its
+    seconds and the in-step check's words go to DEPLOYS_LOG under who."""
 
     def report(run) -> str:
         said = [r.get("msg", "") for name, _h, r in run.results() if name == "Report it"]
@@ -308,12 +306,19 @@ def deployed_pair(request, sim, nodes):
         path = "deploy.yml"
         run = run_playbook(path)
     assert run.rc == 0, run.failures() or run.raw[-4000:]
-    line = f"{request.module.__name__}: {path} {run.seconds:.0f}s: {report(run)}"
+    line = f"{who}: {path} {run.seconds:.0f}s: {report(run)}"
     print(f"\n{line}")
     DEPLOYS_LOG.parent.mkdir(exist_ok=True)
     with DEPLOYS_LOG.open("a", encoding="utf-8") as log:
         log.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {line}\n")
     assert _answers(nodes), "the pair does not serve after deploy.yml"
+
+
+@pytest.fixture(scope="module")
+def deployed_pair(request, sim, nodes):
+    """The pair serving the inventory's deployment, for each module that needs it whatever ran
+    before (bring_in_step)."""
+    bring_in_step(request.module.__name__, nodes)
     return nodes
 
 

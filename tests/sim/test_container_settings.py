@@ -5,7 +5,11 @@ A run with one more key in spark_rank_env (the ranks' environment, given to the 
 serving containers) puts it in every rank's container; the next plain run (the inventory's
 spark_rank_env) takes it out of every one of them, the pair serves, and the run after that is
 in step. community.docker compares an environment, mounts, devices and labels as "more may be
-present" unless told; spark_container_comparisons tells it to compare them strictly."""
+present" unless told; spark_container_comparisons tells it to compare them strictly.
+
+A file the Ray containers load (comm.env, written by host_prep) reaches them the same way: the
+ray stage is handed it, so a run that rewrites it recreates the Ray containers, and the serve
+stage follows them."""
 
 from __future__ import annotations
 
@@ -16,7 +20,8 @@ import pytest
 import yaml
 from conftest import _answers, on_node
 
-# Two whole deploys (about four minutes): a drill, run by `make test-drills`, not `make test`.
+# Two whole deploys in each test (about four minutes): drills, run by `make test-drills`,
+# not `make test`.
 pytestmark = pytest.mark.drill
 
 
@@ -78,3 +83,42 @@ def test_a_key_taken_from_spark_rank_env_leaves_every_rank_container(deployed_pa
     assert report(again).startswith("In step"), report(again)
     # Nothing was recreated by the run with nothing to do.
     assert {node.name: containers(node) for node in nodes} == after
+
+
+def turns(run) -> list:
+    return [r.get("msg") for name, _h, r in run.results() if name == "Report the stage's turn"]
+
+
+def test_a_file_host_prep_rewrites_reaches_the_stages_it_is_handed_to(deployed_pair, playbook):
+    """A setting only host_prep reads (host_prep_comm_env_extra) changes comm.env, which the
+    Ray containers load: the run starts at host_prep, the images and model stages have
+    nothing to do at their turns, the ray stage runs for the file and the serve stage for the
+    Ray containers it recreated; every Ray container carries the variable and the pair
+    serves. The inventory's run takes it out of every Ray container again, and is in step."""
+    nodes = deployed_pair
+    extra = ["-e", json.dumps({"host_prep_comm_env_extra": {"NCCL_DEBUG": "WARN"}})]
+    try:
+        run = playbook("deploy.yml", *extra)
+        assert run.rc == 0, run.failures() or run.raw[-3000:]
+        assert report(run).startswith("Running every stage:"), report(run)
+        said = turns(run)
+        assert said[:2] == [
+            f"The {stage} stage has nothing to do: every node is as it recorded."
+            for stage in ("images", "model")
+        ], said
+        assert said[2][0] == "Running the ray stage:", said
+        assert (
+            "spark-2: /etc/dgx-spark/comm.env: changed since the ray stage last ran" in (said[2])
+        ), said
+        assert said[3][0] == "Running the serve stage:", said
+        assert any("the ray containers: changed since the serve stage" in line
+                   for line in said[3]), said  # fmt: skip
+        for node in nodes:
+            assert containers(node)["dgx-spark-ray"]["env"].get("NCCL_DEBUG") == "WARN", node.name
+        assert _answers(nodes), "the pair does not serve with the variable"
+    finally:
+        back = playbook("deploy.yml")
+    assert back.rc == 0, back.failures() or back.raw[-3000:]
+    for node in nodes:
+        assert "NCCL_DEBUG" not in containers(node)["dgx-spark-ray"]["env"], node.name
+    assert report(playbook("playbooks/in_step.yml")).startswith("In step")

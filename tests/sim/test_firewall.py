@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import drills
+from conftest import bring_in_step, drills
 
 INVENTORY = Path(__file__).resolve().parents[2] / "inventories" / "sim"
 
@@ -305,7 +305,9 @@ def test_a_changed_allowed_sources_reaches_the_firewall_through_deploy(
     again is in step. Asked again at their turns, the stages between host_prep and monitoring
     (which reads the setting too) have nothing to do: no rank's container is touched. The
     inventory's default then admits the outsider again, and a bad CIDR is refused before any
-    node is changed."""
+    node is changed. The module's earlier tests restarted a rank (a difference of the ray and
+    serve stages): the pair is first brought in step, so what runs is the setting's alone."""
+    bring_in_step("test_firewall (allowed sources)", nodes)
     head = nodes[0]
     default = serving_sources(head)
     ranks = rank_containers(nodes)

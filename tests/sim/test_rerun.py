@@ -211,44 +211,32 @@ def rank_env(host) -> list[str]:
     )
 
 
-def turns(run) -> list:
-    return [r.get("msg") for name, _h, r in run.results() if name == "Report the stage's turn"]
-
-
-def test_a_file_host_prep_rewrites_reaches_the_stages_it_is_handed_to(in_step, hosts):
+def test_a_file_host_prep_rewrites_is_named_for_the_stages_it_is_handed_to(in_step, hosts):
     """A setting only host_prep reads (host_prep_comm_env_extra) changes comm.env, which the
-    Ray containers load: the run starts at host_prep, the images and model stages have
-    nothing to do at their turns, the ray stage runs for the file and the serve stage for the
-    Ray containers it recreated; every Ray container carries the variable and the pair
-    serves. The inventory's run takes it out of every Ray container again, and is in step."""
+    Ray containers load at their start. The host_prep stage run alone with it writes the file
+    and records its own inputs; the in-step check with the same setting then names the file for
+    the ray stage (handed to it) on each node, and nothing for host_prep. No running container
+    is touched. host_prep with the inventory's settings writes the file back as the ray stage
+    last saw it: in step again. (The whole run, where the ray stage recreates the containers
+    with the variable and the serve stage follows: tests/sim/test_container_settings.py, a
+    drill.)"""
     extra = ["-e", json.dumps({"host_prep_comm_env_extra": {"NCCL_DEBUG": "WARN"}})]
+    envs = {name: rank_env(host) for name, host in hosts.items()}
     try:
-        run = run_playbook("deploy.yml", *extra)
-        assert run.rc == 0, run.failures() or run.raw[-3000:]
-        assert report(run).startswith("Running every stage:"), report(run)
-        said = turns(run)
-        assert said[:2] == [
-            f"The {stage} stage has nothing to do: every node is as it recorded."
-            for stage in ("images", "model")
-        ], said
-        assert said[2][0] == "Running the ray stage:", said
-        assert (
-            "spark-2: /etc/dgx-spark/comm.env: changed since the ray stage last ran" in (said[2])
-        ), said
-        assert said[3][0] == "Running the serve stage:", said
-        assert any("the ray containers: changed since the serve stage" in line
-                   for line in said[3]), said  # fmt: skip
+        prep = run_playbook("playbooks/host_prep.yml", *extra)
+        assert prep.rc == 0, prep.failures() or prep.raw[-3000:]
         for host in hosts.values():
-            assert "NCCL_DEBUG=WARN" in rank_env(host)
-        assert (
-            "Ask /v1/models for the served model, and for a completion unless the decision got one"
-            in ran(run)
-        )
+            assert "NCCL_DEBUG=WARN" in host.check_output("sudo cat /etc/dgx-spark/comm.env")
+        said = report(run_playbook("playbooks/in_step.yml", *extra))
+        for name in hosts:
+            assert f"{name}: /etc/dgx-spark/comm.env: changed since the ray stage last ran" in (
+                said
+            ), said
+        assert "host_prep stage" not in said, said
+        assert {name: rank_env(host) for name, host in hosts.items()} == envs
     finally:
-        back = run_playbook("deploy.yml")
+        back = run_playbook("playbooks/host_prep.yml")
     assert back.rc == 0, back.failures() or back.raw[-3000:]
-    for host in hosts.values():
-        assert not [v for v in rank_env(host) if v.startswith("NCCL_DEBUG=")], rank_env(host)
     assert report(run_playbook("playbooks/in_step.yml")).startswith("In step")
 
 
