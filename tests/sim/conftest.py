@@ -91,16 +91,16 @@ def pytest_terminal_summary(terminalreporter) -> None:
 # read-only checks and refusals first (host_prep.yml before any deploy of the tests'), the
 # stages' own tests while the pair is still in step, and the modules that leave the pair out
 # of step later, each next to one that repairs it anyway (test_firewall's rank drill restarts
-# a container, test_serving ends on a rotated key, test_teardown removes the deployment and
-# deploys it again, test_monitoring records its own settings, test_upgrade ends on the test's
-# donor).
+# a container, test_serving ends on a rotated key, test_monitoring records its own settings,
+# test_upgrade ends on the test's donor), and test_teardown last: it takes the pair as it
+# serves and removes the deployment, which no module after it then deploys again.
 MODULE_ORDER = (
     "test_pair", "test_tiny_model", "test_vllm_registry_info", "test_host_prep",
     "test_image_inputs", "test_image_report", "test_model_cache", "test_chat", "test_weights",
     "test_first_start", "test_collective", "test_nccl_choice", "test_operate", "test_soak",
     "test_rerun", "test_check_mode", "test_container_settings", "test_firewall",
-    "test_teardown", "test_monitoring",
-    "test_recovery", "test_watchdog_busy", "test_serving", "test_upgrade",
+    "test_monitoring", "test_recovery", "test_watchdog_busy", "test_serving", "test_upgrade",
+    "test_teardown",
 )  # fmt: skip
 
 

@@ -1,7 +1,7 @@
 """playbooks/teardown.yml on the simulated pair: with -e teardown_remove_weights=true every
 container the collection made (serving, watchdog, Ray, monitoring) and the weights leave both
 nodes, while the images and the host preparation (comm.env) stay. The module takes the pair
-as it serves with the inventory's key (conftest's serving_pair deploys it first when it does
+as it serves with the inventory's key, whatever its record says (deployed first when it does
 not answer).
 
 Then -e teardown_host_prep=true: the nodes first get a netplan file of the owner's at
@@ -17,7 +17,7 @@ import base64
 import subprocess
 
 import pytest
-from conftest import _answers, run_playbook
+from conftest import _answers, bring_in_step, run_playbook
 from conftest import playbook_report as playbook
 
 # The host preparation's tear-down and the deploy after it (about four minutes): a drill,
@@ -72,7 +72,17 @@ def node_state(host) -> dict:
 
 
 @pytest.fixture(scope="module")
-def teardown(serving_pair, hosts):
+def answering_pair(sim, nodes):
+    """The pair as it serves, whatever its record says (`make test` runs this module last,
+    after test_upgrade left its own donor's image serving): the teardown removes what serves.
+    Where the pair does not answer with the inventory's key, bring_in_step deploys it."""
+    if not _answers(nodes):
+        bring_in_step("test_teardown", nodes)
+    return nodes
+
+
+@pytest.fixture(scope="module")
+def teardown(answering_pair, hosts):
     """The serving pair (deployed first when it does not answer), torn down with the weights."""
     before = {name: node_state(host) for name, host in hosts.items()}
     report = playbook("playbooks/teardown.yml", "-e", "teardown_remove_weights=true")
