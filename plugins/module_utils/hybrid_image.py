@@ -479,27 +479,37 @@ def builds_to_remove(
     ``images`` lists the node's images as Docker's image list gives them (``Id``,
     ``RepoTags``, ``Created`` in epoch seconds); ``in_use`` the image IDs that a container,
     running or stopped, was made from, and the alias's. An image is a build of the
-    repository when one of its tags is in it; the newest ``keep`` builds and every build in
-    use stay. What is returned is the others' tags in the repository, oldest build first:
-    with its last tag gone, Docker removes the image, and one a user also tagged elsewhere
-    keeps that tag and its layers.
+    repository when one of its tags is in it; a verified build has a tag without the
+    ``-unverified`` suffix, a rejected one only that tag. The newest ``keep`` verified builds
+    and every build in use stay; a rejected build (kept for inspection) stays while it is
+    newer than the oldest of those, or while there is room for more verified builds: it
+    counts for nothing, so rejections never push a verified build out. What is returned is
+    the others' tags in the repository, oldest build first: with its last tag gone, Docker
+    removes the image, and one a user also tagged elsewhere keeps that tag and its layers.
     """
     if not isinstance(keep, int) or isinstance(keep, bool) or keep < 1:
         raise HybridImageError(
             f"hybrid_image_keep_builds ({keep!r}) must be a whole number, 1 or more"
         )
     prefix = repository + ":"
-    builds = [
-        image
-        for image in images
-        if any(tag.startswith(prefix) for tag in image.get("RepoTags") or [])
-    ]
-    builds.sort(key=lambda image: (int(image.get("Created") or 0), image["Id"]), reverse=True)
+
+    def tags(image: dict) -> list[str]:
+        return sorted(tag for tag in image.get("RepoTags") or [] if tag.startswith(prefix))
+
+    def created(image: dict) -> int:
+        return int(image.get("Created") or 0)
+
+    builds = [image for image in images if tags(image)]
+    builds.sort(key=lambda image: (created(image), image["Id"]), reverse=True)
+    verified = [i for i in builds if any(not t.endswith("-unverified") for t in tags(i))]
+    kept = verified[:keep]
     used = set(in_use)
-    drop = [image for image in builds[keep:] if image["Id"] not in used]
-    return [
-        tag
-        for image in reversed(drop)
-        for tag in sorted(image.get("RepoTags") or [])
-        if tag.startswith(prefix)
-    ]
+
+    def stays(image: dict) -> bool:
+        if image["Id"] in used:
+            return True
+        if image in verified:
+            return image in kept
+        return len(kept) < keep or created(image) >= created(kept[-1])
+
+    return [tag for image in reversed(builds) if not stays(image) for tag in tags(image)]

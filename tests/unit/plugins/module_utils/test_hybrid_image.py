@@ -612,3 +612,24 @@ def test_builds_to_remove_counts_builds_not_tags():
 def test_builds_to_remove_refuses_a_keep_below_one(keep):
     with pytest.raises(hi.HybridImageError, match="hybrid_image_keep_builds"):
         hi.builds_to_remove(BUILDS, REPO, keep, [])
+
+
+def test_builds_to_remove_never_lets_rejected_builds_push_a_verified_one_out():
+    # Two rejected builds newer than every verified one: kept for inspection, and counted for
+    # nothing, so the two newest verified builds (e, the alias's, and d, the one to go back
+    # to) stay. c, rejected before d was built, goes with the older verified builds.
+    rejected = [
+        _build(700, f"{REPO}:gggggggggggg-unverified", digest="7"),
+        _build(800, f"{REPO}:hhhhhhhhhhhh-unverified", digest="8"),
+    ]
+    tags = hi.builds_to_remove(BUILDS + rejected, REPO, 2, [])
+    assert tags == [
+        f"{REPO}:aaaaaaaaaaaa",
+        f"{REPO}:bbbbbbbbbbbb",
+        f"{REPO}:cccccccccccc-unverified",
+    ]
+
+
+def test_builds_to_remove_keeps_rejected_builds_while_none_verified():
+    only = [_build(100, f"{REPO}:aaaaaaaaaaaa-unverified", digest="a")]
+    assert hi.builds_to_remove(only, REPO, 1, []) == []
