@@ -285,6 +285,14 @@ def _answers(nodes) -> bool:
     return endpoint.complete(serve["vllm_serve_served_model_name"], "spark").ok
 
 
+# What the in-step check says when a run starts at host_prep for a record's difference: the
+# later stages are asked again at their turns (roles/deploy_state/tasks/gate.yml).
+FROM_HOST_PREP = (
+    "Running the stages from host_prep on; each later stage runs at its turn only if it still "
+    "has something to do:"
+)
+
+
 # Where the modules' own deploy.yml runs say why they ran every stage (or that the pair was in
 # step): a whole run costs a minute or more, and `make test` shows no passing test's output.
 DEPLOYS_LOG = ROOT / ".cache" / "sim-test-deploys.log"

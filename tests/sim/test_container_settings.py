@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import _answers, on_node
+from conftest import FROM_HOST_PREP, _answers, on_node
 
 # Two whole deploys in each test (about four minutes): drills, run by `make test-drills`,
 # not `make test`.
@@ -100,7 +100,7 @@ def test_a_file_host_prep_rewrites_reaches_the_stages_it_is_handed_to(deployed_p
     try:
         run = playbook("deploy.yml", *extra)
         assert run.rc == 0, run.failures() or run.raw[-3000:]
-        assert report(run).startswith("Running every stage:"), report(run)
+        assert report(run).startswith(FROM_HOST_PREP), report(run)
         said = turns(run)
         assert said[:2] == [
             f"The {stage} stage has nothing to do: every node is as it recorded."

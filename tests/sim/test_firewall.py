@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import bring_in_step, drills
+from conftest import FROM_HOST_PREP, bring_in_step, drills
 
 INVENTORY = Path(__file__).resolve().parents[2] / "inventories" / "sim"
 
@@ -316,7 +316,7 @@ def test_a_changed_allowed_sources_reaches_the_firewall_through_deploy(
         run = playbook("deploy.yml", *narrowed)
         assert run.rc == 0, run.failures() or run.raw[-4000:]
         said = in_step_report(run)
-        assert said.startswith("Running every stage:"), said
+        assert said.startswith(FROM_HOST_PREP), said
         assert "spark-1: the host_prep stage's inputs changed: vllm_serve_allowed_sources" in (
             said
         ), said

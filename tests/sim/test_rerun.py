@@ -12,7 +12,7 @@ import json
 import shlex
 
 import pytest
-from conftest import run_playbook
+from conftest import FROM_HOST_PREP, run_playbook
 
 STAGE_TASKS = (  # one task of each stage that a full run always runs
     "Validate the settings of host_prep against its argument spec",
@@ -97,7 +97,7 @@ def test_a_stage_run_alone_records_what_it_was_given(in_step):
         ], same
         plain = report(run_playbook("playbooks/in_step.yml"))
         assert plain.splitlines() == [
-            "Running every stage:",
+            FROM_HOST_PREP,
             "spark-1: the host_prep stage's inputs changed: host_prep_peer_wait_s",
             "spark-2: the host_prep stage's inputs changed: host_prep_peer_wait_s",
         ], plain
@@ -131,7 +131,7 @@ def test_a_stopped_container_puts_the_pair_out_of_step(in_step, hosts):
          "Running the stages from serve on"),
         # The firewall opens the serving port: host_prep reads it first, so every stage.
         ("vllm_serve_port=8001",
-         "the host_prep stage's inputs changed: vllm_serve_port", "Running every stage"),
+         "the host_prep stage's inputs changed: vllm_serve_port", FROM_HOST_PREP),
     ],
 )  # fmt: skip
 def test_a_changed_setting_puts_the_pair_out_of_step(in_step, setting, said, start):
