@@ -59,7 +59,12 @@ def test_the_stages_a_runs_tags_reach(run_tags, skip_tags, stages):
     ("run_tags", "skip_tags", "roles"),
     [
         (["all"], [], EVERY_ROLE),
-        (["serve"], [], ["model_cache", "ray_cluster", "vllm_serve", "deploy_state", "operate"]),
+        # The serve stage removes the builds the ranks left (hybrid_image's prune entry).
+        (
+            ["serve"],
+            [],
+            ["hybrid_image", "model_cache", "ray_cluster", "vllm_serve", "deploy_state", "operate"],
+        ),
         (["model"], [], ["model_cache", "deploy_state", "operate"]),
         (["images"], [], ["hybrid_image", "deploy_state", "operate"]),
         (["host_prep_firewall"], [], ["host_prep", "deploy_state", "operate"]),
@@ -187,10 +192,11 @@ def test_a_full_run_runs_the_stages_from_the_first_with_anything_to_do(first, st
 def test_the_first_stage_and_the_tags_both_narrow_the_stages_and_roles():
     assert ds.stages_reached(["model", "serve"], [], "ray") == ["serve"]
     assert ds.stages_reached(["host_prep"], [], "images") == []
-    assert ds.roles_to_validate(["all"], [], "ray") == [
-        # monitoring's stage reads host_prep's firewall settings.
-        "host_prep", "model_cache", "ray_cluster", "vllm_serve", "monitoring",
-        "deploy_state", "operate",
+    # monitoring's stage reads host_prep's firewall settings; the serve stage removes the
+    # builds the ranks left (hybrid_image's prune entry).
+    assert ds.roles_to_validate(["all"], [], "ray") == EVERY_ROLE
+    assert ds.roles_to_validate(["all"], [], "monitoring") == [
+        "host_prep", "monitoring", "deploy_state", "operate",
     ]  # fmt: skip
     assert ds.roles_to_validate(["all"], [], "images") == EVERY_ROLE
     assert filters.deploy_stages_reached(["all"], [], "serve") == ["serve", "monitoring"]
