@@ -226,6 +226,14 @@ class PlaybookRun:
         """'host: task' for every task that reported a change (for assertion messages)."""
         return [f"{h}: {n}" for n, h, r in self.results() if r.get("changed")]
 
+    def in_step_report(self, required: bool = True) -> str:
+        """What the in-step check (deploy_state's in_step.yml) said: one sentence when the pair
+        is in step, else the opening line and one line per reason. A run that said nothing
+        fails the test, unless not required ('' then)."""
+        said = [r.get("msg", "") for name, _h, r in self.results() if name == "Report it"]
+        assert said or not required, f"the in-step check said nothing:\n{self.raw[-3000:]}"
+        return "" if not said else said[0] if isinstance(said[0], str) else "\n".join(said[0])
+
     def messages(self) -> str:
         """Every task's message, loop items' too, one per line."""
         out = []
@@ -303,18 +311,14 @@ def bring_in_step(who: str, nodes) -> None:
     finds the pair out of step with the inventory (a full deploy on a fresh pair, or a repair of
     what ran before: a restarted container, other settings recorded, a torn-down pair). Its
     seconds and the in-step check's words go to DEPLOYS_LOG under who."""
-
-    def report(run) -> str:
-        said = [r.get("msg", "") for name, _h, r in run.results() if name == "Report it"]
-        return "\n  ".join(said[0] if said and isinstance(said[0], list) else said)
-
     path = "playbooks/in_step.yml"
     run = run_playbook(path)
-    if run.rc != 0 or not report(run).startswith("In step"):
+    if run.rc != 0 or not run.in_step_report(required=False).startswith("In step"):
         path = "deploy.yml"
         run = run_playbook(path)
     assert run.rc == 0, run.failures() or run.raw[-4000:]
-    line = f"{who}: {path} {run.seconds:.0f}s: {report(run)}"
+    said = run.in_step_report().replace("\n", "\n  ")
+    line = f"{who}: {path} {run.seconds:.0f}s: {said}"
     print(f"\n{line}")
     DEPLOYS_LOG.parent.mkdir(exist_ok=True)
     with DEPLOYS_LOG.open("a", encoding="utf-8") as log:

@@ -64,12 +64,6 @@ def snapshot(node) -> dict:
     }
 
 
-def in_step_report(run) -> str:
-    said = [r.get("msg", "") for name, _h, r in run.results() if name == "Report it"]
-    assert said, f"in_step.yml said nothing:\n{run.raw[-3000:]}"
-    return said[0] if isinstance(said[0], str) else "\n".join(said[0])
-
-
 @pytest.fixture(scope="module")
 def checked(deployed_pair):
     """The pair's state, the check-mode run with a changed setting, and the state after."""
@@ -86,7 +80,7 @@ def test_check_mode_runs_to_the_end_and_reports_the_changes(checked):
     assert not run.failures(), run.failures()
     # The in-step check judges a check run as the real run: it starts at the serving stage, the
     # first that reads the setting, and the stages before it end at their first task.
-    said = in_step_report(run)
+    said = run.in_step_report()
     assert said.startswith("Running the stages from serve on"), said
     ran = {name for name, _host, res in run.results() if not res.get("skipped")}
     assert "Gather the network facts the links are checked against" not in ran, sorted(ran)
@@ -111,4 +105,4 @@ def test_the_pair_still_serves_and_is_still_in_step(checked, deployed_pair):
     assert _answers(deployed_pair), "the pair does not answer after the check-mode run"
     again = run_playbook("playbooks/in_step.yml")
     assert again.rc == 0, again.failures() or again.raw[-3000:]
-    assert in_step_report(again).startswith("In step"), in_step_report(again)
+    assert again.in_step_report().startswith("In step"), again.in_step_report()

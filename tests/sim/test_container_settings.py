@@ -30,12 +30,6 @@ KEY = "DGX_SPARK_TAKEN_AWAY"
 RANK_CONTAINERS = ("dgx-spark-ray", "dgx-spark-vllm")
 
 
-def report(run) -> str:
-    said = [r.get("msg", "") for name, _h, r in run.results() if name == "Report it"]
-    assert said, f"in_step.yml said nothing:\n{run.raw[-3000:]}"
-    return said[0] if isinstance(said[0], str) else "\n".join(said[0])
-
-
 def containers(node) -> dict[str, dict]:
     """The node's rank containers: name -> {id, env (a dict)}."""
     names = on_node(node, "docker", "ps", "-a", "--format", "{{.Names}}").stdout.split()
@@ -80,7 +74,7 @@ def test_a_key_taken_from_spark_rank_env_leaves_every_rank_container(deployed_pa
 
     again = playbook("deploy.yml")
     assert again.rc == 0, again.failures()
-    assert report(again).startswith("In step"), report(again)
+    assert again.in_step_report().startswith("In step"), again.in_step_report()
     # Nothing was recreated by the run with nothing to do.
     assert {node.name: containers(node) for node in nodes} == after
 
@@ -100,7 +94,7 @@ def test_a_file_host_prep_rewrites_reaches_the_stages_it_is_handed_to(deployed_p
     try:
         run = playbook("deploy.yml", *extra)
         assert run.rc == 0, run.failures() or run.raw[-3000:]
-        assert report(run).startswith(FROM_HOST_PREP), report(run)
+        assert run.in_step_report().startswith(FROM_HOST_PREP), run.in_step_report()
         said = turns(run)
         assert said[:2] == [
             f"The {stage} stage has nothing to do: every node is as it recorded."
@@ -121,4 +115,4 @@ def test_a_file_host_prep_rewrites_reaches_the_stages_it_is_handed_to(deployed_p
     assert back.rc == 0, back.failures() or back.raw[-3000:]
     for node in nodes:
         assert "NCCL_DEBUG" not in containers(node)["dgx-spark-ray"]["env"], node.name
-    assert report(playbook("playbooks/in_step.yml")).startswith("In step")
+    assert playbook("playbooks/in_step.yml").in_step_report().startswith("In step")

@@ -277,12 +277,6 @@ def serving_sources(node) -> list[str]:
     return found.group(1).split(", ") if found else []
 
 
-def in_step_report(run) -> str:
-    said = [r.get("msg", "") for name, _h, r in run.results() if name == "Report it"]
-    assert said, f"in_step.yml said nothing:\n{run.raw[-3000:]}"
-    return said[0] if isinstance(said[0], str) else "\n".join(said[0])
-
-
 def rank_containers(nodes) -> dict[str, str]:
     """The ID of every Ray and serving container on the pair, by node and name."""
     found = {}
@@ -315,7 +309,7 @@ def test_a_changed_allowed_sources_reaches_the_firewall_through_deploy(
     try:
         run = playbook("deploy.yml", *narrowed)
         assert run.rc == 0, run.failures() or run.raw[-4000:]
-        said = in_step_report(run)
+        said = run.in_step_report()
         assert said.startswith(FROM_HOST_PREP), said
         assert "spark-1: the host_prep stage's inputs changed: vllm_serve_allowed_sources" in (
             said
@@ -332,7 +326,7 @@ def test_a_changed_allowed_sources_reaches_the_firewall_through_deploy(
         assert completion(head) == 2
         again = playbook("deploy.yml", *narrowed)
         assert again.rc == 0, again.failures()
-        assert in_step_report(again).startswith("In step"), in_step_report(again)
+        assert again.in_step_report().startswith("In step"), again.in_step_report()
         assert again.changed() == {"localhost": 0, "spark-1": 0, "spark-2": 0}
     finally:
         back = playbook("deploy.yml")

@@ -21,13 +21,6 @@ STAGE_TASKS = (  # one task of each stage that a full run always runs
 )
 
 
-def report(run) -> str:
-    messages = [r.get("msg", "") for name, _h, r in run.results() if name == "Report it"]
-    assert messages, f"in_step.yml said nothing:\n{run.raw[-3000:]}"
-    # One line per reason (a list) when the stages run, one sentence otherwise.
-    return messages[0] if isinstance(messages[0], str) else "\n".join(messages[0])
-
-
 def ran(run) -> set[str]:
     return {name for name, _h, r in run.results() if not r.get("skipped")}
 
@@ -70,7 +63,7 @@ def in_step(deployed_pair):
 
 def test_a_rerun_with_nothing_to_do_runs_no_stage(in_step):
     _first, again = in_step
-    assert report(again).startswith("In step"), report(again)
+    assert again.in_step_report().startswith("In step"), again.in_step_report()
     assert again.changed() == {"localhost": 0, "spark-1": 0, "spark-2": 0}, again.changed_tasks()
     assert not ran(again) & set(STAGE_TASKS), ran(again) & set(STAGE_TASKS)
     # It still proved the endpoint answers.
@@ -89,13 +82,13 @@ def test_a_stage_run_alone_records_what_it_was_given(in_step):
     try:
         assert alone.rc == 0, alone.failures() or alone.raw[-3000:]
         assert "Record what this stage was given and left, for host_prep" in ran(alone)
-        same = report(run_playbook("playbooks/in_step.yml", "-e", setting))
+        same = run_playbook("playbooks/in_step.yml", "-e", setting).in_step_report()
         assert same.splitlines() == [
             "Running the stages from monitoring on; those before it have nothing to do:",
             "spark-1: the monitoring stage's inputs changed: host_prep_peer_wait_s",
             "spark-2: the monitoring stage's inputs changed: host_prep_peer_wait_s",
         ], same
-        plain = report(run_playbook("playbooks/in_step.yml"))
+        plain = run_playbook("playbooks/in_step.yml").in_step_report()
         assert plain.splitlines() == [
             FROM_HOST_PREP,
             "spark-1: the host_prep stage's inputs changed: host_prep_peer_wait_s",
@@ -104,7 +97,7 @@ def test_a_stage_run_alone_records_what_it_was_given(in_step):
     finally:
         back = run_playbook("playbooks/host_prep.yml")
     assert back.rc == 0, back.failures() or back.raw[-3000:]
-    assert report(run_playbook("playbooks/in_step.yml")).startswith("In step")
+    assert run_playbook("playbooks/in_step.yml").in_step_report().startswith("In step")
 
 
 def test_a_stopped_container_puts_the_pair_out_of_step(in_step, hosts):
@@ -115,11 +108,11 @@ def test_a_stopped_container_puts_the_pair_out_of_step(in_step, hosts):
     finally:
         head.check_output("sudo docker start dgx-spark-watchdog")
     assert check.rc == 0, check.failures() or check.raw[-3000:]
-    assert "dgx-spark-watchdog: not running" in report(check), report(check)
+    assert "dgx-spark-watchdog: not running" in check.in_step_report(), check.in_step_report()
     # The serving stage starts the watchdog: the run starts there.
-    assert report(check).startswith(
+    assert check.in_step_report().startswith(
         "Running the stages from serve on; those before it have nothing to do"
-    ), report(check)
+    ), check.in_step_report()
 
 
 @pytest.mark.parametrize(
@@ -137,14 +130,14 @@ def test_a_stopped_container_puts_the_pair_out_of_step(in_step, hosts):
 def test_a_changed_setting_puts_the_pair_out_of_step(in_step, setting, said, start):
     check = run_playbook("playbooks/in_step.yml", "-e", setting)
     assert check.rc == 0, check.failures() or check.raw[-3000:]
-    assert said in report(check), report(check)
-    assert report(check).startswith(start), report(check)
+    assert said in check.in_step_report(), check.in_step_report()
+    assert check.in_step_report().startswith(start), check.in_step_report()
 
 
 def test_a_partial_run_is_never_taken_for_in_step(in_step):
     check = run_playbook("deploy.yml", "--tags", "model")
     assert check.rc == 0, check.failures() or check.raw[-3000:]
-    assert report(check) == "Running the stages asked for.", report(check)
+    assert check.in_step_report() == "Running the stages asked for.", check.in_step_report()
     assert "Describe and check the head's copy" in ran(check), sorted(ran(check))
     # Preflight checked the model stage's settings only, and host_prep's play ended at once.
     assert "Validate the settings of model_cache against its argument spec" in ran(check)
@@ -181,7 +174,7 @@ def test_drift_a_rerun_must_see_is_seen_and_repaired(in_step, hosts):
     assert worker.check_output(f"sudo sha256sum {model}/{shard}").split()[0] != good_shard
 
     check = run_playbook("playbooks/in_step.yml")
-    said = report(check)
+    said = check.in_step_report()
     for line in (
         "spark-2: nftables table inet dgx_spark: differs since the last run",
         "spark-1: /etc/dgx-spark/comm.env: edited since the last run",
@@ -200,7 +193,7 @@ def test_drift_a_rerun_must_see_is_seen_and_repaired(in_step, hosts):
     )
     assert worker.check_output(f"sudo sha256sum {model}/{shard}").split()[0] == good_shard
     again = run_playbook("deploy.yml")
-    assert report(again).startswith("In step"), report(again)
+    assert again.in_step_report().startswith("In step"), again.in_step_report()
     assert again.changed() == {"localhost": 0, "spark-1": 0, "spark-2": 0}, again.changed_tasks()
     print(f"\ndrift: seen in {check.seconds:.1f}s, repaired by deploy.yml in {repair.seconds:.0f}s")
 
@@ -227,7 +220,7 @@ def test_a_file_host_prep_rewrites_is_named_for_the_stages_it_is_handed_to(in_st
         assert prep.rc == 0, prep.failures() or prep.raw[-3000:]
         for host in hosts.values():
             assert "NCCL_DEBUG=WARN" in host.check_output("sudo cat /etc/dgx-spark/comm.env")
-        said = report(run_playbook("playbooks/in_step.yml", *extra))
+        said = run_playbook("playbooks/in_step.yml", *extra).in_step_report()
         for name in hosts:
             assert f"{name}: /etc/dgx-spark/comm.env: changed since the ray stage last ran" in (
                 said
@@ -237,7 +230,7 @@ def test_a_file_host_prep_rewrites_is_named_for_the_stages_it_is_handed_to(in_st
     finally:
         back = run_playbook("playbooks/host_prep.yml")
     assert back.rc == 0, back.failures() or back.raw[-3000:]
-    assert report(run_playbook("playbooks/in_step.yml")).startswith("In step")
+    assert run_playbook("playbooks/in_step.yml").in_step_report().startswith("In step")
 
 
 def test_a_shard_changed_at_its_size_and_time_is_seen_only_by_a_checksum(in_step, hosts):
@@ -258,7 +251,7 @@ def test_a_shard_changed_at_its_size_and_time_is_seen_only_by_a_checksum(in_step
 
         check = run_playbook("playbooks/in_step.yml")
         assert check.rc == 0, check.failures() or check.raw[-3000:]
-        assert report(check).startswith("In step"), report(check)
+        assert check.in_step_report().startswith("In step"), check.in_step_report()
 
         verify = run_playbook("playbooks/model.yml", "-e", "model_cache_verify=checksum")
         assert verify.rc != 0, "the checksum run passed a shard whose bytes differ"

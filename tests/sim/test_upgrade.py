@@ -64,12 +64,6 @@ def label(node, container: str, name: str) -> str:
     return got.stdout.strip() if got.returncode == 0 else ""
 
 
-def in_step_report(run) -> str:
-    said = [r.get("msg", "") for name, _h, r in run.results() if name == "Report it"]
-    assert said, run.raw[-3000:]
-    return said[0] if isinstance(said[0], str) else "\n".join(said[0])
-
-
 @pytest.fixture(scope="module")
 def upgrade(deployed_pair, nodes):
     """The pair in step with the inventory (deploy.yml's in-step check repaired whatever an
@@ -111,7 +105,7 @@ def test_an_image_rebuild_reaches_every_rank(upgrade, nodes):
     # 2. What the rerun and the status see: ranks on the old image. The images stage recorded
     # the new donor at its end, so the donor is no difference any more: the run starts at ray.
     check = run_playbook("playbooks/in_step.yml", *KEEP_ONE)
-    said = in_step_report(check)
+    said = check.in_step_report()
     assert said.startswith("Running the stages from ray on"), said
     assert DONOR not in said and short(new_donor) not in said, said
     for node in nodes:
@@ -142,7 +136,7 @@ def test_an_image_rebuild_reaches_every_rank(upgrade, nodes):
     # Where it started: at the ray stage, as only the ranks' image moved since the pair was in
     # step (host_prep and the images stage had nothing to do: their plays ended at once; the
     # serve stage checks hybrid_image's settings, as it removes the build the ranks left).
-    said, tasks = in_step_report(run), ran(run)
+    said, tasks = run.in_step_report(), ran(run)
     assert said.startswith("Running the stages from ray on"), said
     assert not tasks & {
         "Validate the settings of host_prep against its argument spec",
