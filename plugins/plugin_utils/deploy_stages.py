@@ -7,8 +7,9 @@
   what those roles' task files enter in turn (the first role under ``roles:`` is its own);
 * the settings each reads: every setting's name written in that playbook, the task files it
   imports, and its roles' defaults, vars, tasks, handlers, templates and argument specs, the
-  facts files of the roles whose published facts it reads (``tasks_from: facts``: host_prep's
-  firewall reads vllm_serve's and ray_cluster's ports), and every name the defaults of those
+  shared entry points of other roles it enters (SHARED_ENTRIES: ``tasks_from: facts``, as
+  host_prep's firewall reads vllm_serve's and ray_cluster's ports; ``tasks_from: prune``, as
+  the serve stage removes the serving builds the ranks left), and every name the defaults of those
   settings derive from (a role's default may read another role's setting: host_prep builds
   the firewall from ``vllm_serve_allowed_sources``).
 
@@ -46,6 +47,11 @@ INCLUDE_TASKS = {
     f"{ns}{verb}_tasks" for ns in ("", "ansible.builtin.") for verb in ("include", "import")
 }
 IMPORT_PLAYBOOK = {"import_playbook", "ansible.builtin.import_playbook"}
+# Entry points another stage enters without taking the role on: its settings are read from that
+# task file alone, and preflight does not check the role for that stage (the entry point's own
+# argument spec checks what it reads). facts publishes a role's resolved settings; prune
+# removes the serving builds no container runs (the serve stage, after the ranks moved).
+SHARED_ENTRIES = ("facts", "prune")
 
 
 @dataclass(frozen=True)
@@ -87,14 +93,14 @@ def _role_name(value) -> str | None:
     return None
 
 
-def _entries(node, own: list, entered: list, task_files: list, facts: list) -> None:
+def _entries(node, own: list, entered: list, task_files: list, shared: list) -> None:
     """Walk a playbook or task file: the roles under ``roles:`` (into ``own``), the roles it
-    includes or imports (``entered``), the task files it imports or includes, and the roles
-    whose published settings it reads (``tasks_from: facts``, into ``facts``: such a role's
-    facts file is read, the role is not entered)."""
+    includes or imports (``entered``), the task files it imports or includes, and the shared
+    entry points it enters (``(role, entry)`` into ``shared``: that task file is read, the role
+    is not entered)."""
     if isinstance(node, list):
         for item in node:
-            _entries(item, own, entered, task_files, facts)
+            _entries(item, own, entered, task_files, shared)
         return
     if not isinstance(node, dict):
         return
@@ -107,12 +113,15 @@ def _entries(node, own: list, entered: list, task_files: list, facts: list) -> N
             ]
         elif key in INCLUDE_ROLE:
             if name := _role_name(value):
-                reads_facts = isinstance(value, dict) and value.get("tasks_from") == "facts"
-                (facts if reads_facts else entered).append(name)
+                entry = value.get("tasks_from") if isinstance(value, dict) else None
+                if entry in SHARED_ENTRIES:
+                    shared.append((name, entry))
+                else:
+                    entered.append(name)
         elif key in INCLUDE_TASKS and isinstance(value, (str, dict)):
             task_files.append(value if isinstance(value, str) else value.get("file", ""))
         elif key not in IMPORT_PLAYBOOK:
-            _entries(value, own, entered, task_files, facts)
+            _entries(value, own, entered, task_files, shared)
 
 
 def _role_texts(root: Path, role: str) -> list[str]:
@@ -126,17 +135,17 @@ def _role_texts(root: Path, role: str) -> list[str]:
 
 
 @functools.lru_cache(maxsize=64)
-def _roles_entered_by(root: Path, role: str) -> tuple[list[str], list[str]]:
-    """The roles a role's task files enter, and those whose facts they read."""
+def _roles_entered_by(root: Path, role: str) -> tuple[list[str], list[tuple[str, str]]]:
+    """The roles a role's task files enter, and the shared entry points they enter."""
     entered: list[str] = []
-    facts: list[str] = []
+    shared: list[tuple[str, str]] = []
     for path in sorted((root / "roles" / role / "tasks").rglob("*.yml")):
-        _entries(_load_yaml(path), entered, entered, [], facts)
-    return entered, facts
+        _entries(_load_yaml(path), entered, entered, [], shared)
+    return entered, shared
 
 
-def _facts_text(root: Path, role: str) -> str:
-    path = root / "roles" / role / "tasks" / "facts.yml"
+def _entry_text(root: Path, role: str, entry: str) -> str:
+    path = root / "roles" / role / "tasks" / f"{entry}.yml"
     return path.read_text() if path.is_file() else ""
 
 
@@ -192,11 +201,14 @@ def load(root: str = str(ROOT)) -> Stages:
         own: list[str] = []
         entered: list[str] = []
         task_files: list[str] = []
-        facts: list[str] = []
+        shared: list[tuple[str, str]] = []
         path = base / "playbooks" / playbook
+        _entries(_load_yaml(path), own, entered, task_files, shared)
         # A stage's own playbook enters the roles whose facts it reads (the serve stage checks
-        # model_cache's settings and copies); a role reads another role's facts file only.
-        _entries(_load_yaml(path), own, entered, task_files, entered)
+        # model_cache's settings and copies); a role reads another role's facts file only, and
+        # any stage another role's prune file only.
+        entered += [role for role, entry in shared if entry == "facts"]
+        shared = [(role, entry) for role, entry in shared if entry != "facts"]
         stage_texts = [path.read_text(), json.dumps(entry)]
         stage_texts += [
             (base / "playbooks" / name).read_text()
@@ -208,8 +220,8 @@ def load(root: str = str(ROOT)) -> Stages:
         found = [role for role in dict.fromkeys(own + entered) if role not in ALWAYS]
         todo = list(found)
         while todo:
-            role_entered, role_facts = _roles_entered_by(base, todo.pop(0))
-            facts += role_facts
+            role_entered, role_shared = _roles_entered_by(base, todo.pop(0))
+            shared += role_shared
             for role in role_entered:
                 if role not in found and role not in ALWAYS:
                     found.append(role)
@@ -217,7 +229,7 @@ def load(root: str = str(ROOT)) -> Stages:
         order.append(stage)
         roles[stage] = tuple(found)
         texts[stage] = stage_texts + [text for role in found for text in _role_texts(base, role)]
-        texts[stage] += [_facts_text(base, role) for role in dict.fromkeys(facts)]
+        texts[stage] += [_entry_text(base, *pair) for pair in dict.fromkeys(shared)]
     prefixes = ["spark"] + sorted({role for stage in order for role in roles[stage]})
     pattern = re.compile(r"\b(?:" + "|".join(prefixes) + r")_\w*[A-Za-z0-9]")
     definitions = _definitions(base, pattern)

@@ -79,13 +79,12 @@ def test_check_mode_runs_to_the_end_and_reports_the_changes(checked):
     assert run.rc == 0, run.failures() or run.raw[-4000:]
     assert not run.failures(), run.failures()
     # The in-step check judges a check run as the real run: it starts at the serving stage, the
-    # first that reads the setting, and the stages before it end at their first task (preflight
-    # still checks hybrid_image's settings: the serve stage removes the builds the ranks left).
+    # first that reads the setting, and the stages before it end at their first task.
     said = run.in_step_report()
     assert said.startswith("Running the stages from serve on"), said
     ran = {name for name, _host, res in run.results() if not res.get("skipped")}
     assert "Gather the network facts the links are checked against" not in ran, sorted(ran)
-    assert "Decide which nodes build" not in ran, sorted(ran)
+    assert "Look for the base and the donor on the node" not in ran, sorted(ran)
     # The serving group would restart with the new setting: the head says so.
     assert run.changed()["spark-1"] > 0, run.changed_tasks()
     changed = {task.split(": ", 1)[1] for task in run.changed_tasks()}

@@ -134,14 +134,13 @@ def test_an_image_rebuild_reaches_every_rank(upgrade, nodes):
     assert "keeps" in run.messages() and "the serving stage" in run.messages()
     assert complete(nodes, KEY)
     # Where it started: at the ray stage, as only the ranks' image moved since the pair was in
-    # step (host_prep and the images stage had nothing to do: their plays ended at once; the
-    # serve stage checks hybrid_image's settings, as it removes the build the ranks left).
+    # step (host_prep and the images stage had nothing to do: their plays ended at once).
     said, tasks = run.in_step_report(), ran(run)
     assert said.startswith("Running the stages from ray on"), said
     assert not tasks & {
         "Validate the settings of host_prep against its argument spec",
         "Gather the network facts the links are checked against",
-        "Decide which nodes build",
+        "Validate the settings of hybrid_image against its argument spec",
     }, sorted(tasks)
     assert "Validate the settings of ray_cluster against its argument spec" in tasks, sorted(tasks)
     start = vllm_start_seconds(run)

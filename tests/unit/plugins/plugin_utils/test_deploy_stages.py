@@ -59,12 +59,7 @@ def test_the_stages_a_runs_tags_reach(run_tags, skip_tags, stages):
     ("run_tags", "skip_tags", "roles"),
     [
         (["all"], [], EVERY_ROLE),
-        # The serve stage removes the builds the ranks left (hybrid_image's prune entry).
-        (
-            ["serve"],
-            [],
-            ["hybrid_image", "model_cache", "ray_cluster", "vllm_serve", "deploy_state", "operate"],
-        ),
+        (["serve"], [], ["model_cache", "ray_cluster", "vllm_serve", "deploy_state", "operate"]),
         (["model"], [], ["model_cache", "deploy_state", "operate"]),
         (["images"], [], ["hybrid_image", "deploy_state", "operate"]),
         (["host_prep_firewall"], [], ["host_prep", "deploy_state", "operate"]),
@@ -101,13 +96,15 @@ def test_the_stages_are_deploy_yml_s_tagged_stages_in_order():
 
 def _roles_named(node, facts: bool = True) -> set[str]:
     """The collection's roles a playbook or task file enters (roles:, include_role,
-    import_role), by name; with facts=False, not those it only reads the published facts of
-    (tasks_from: facts, whose entry point checks its own argument spec)."""
+    import_role), by name, but not through a prune entry point (the serve stage removes the
+    builds the ranks left; the entry point checks its own argument spec); with facts=False,
+    not those it only reads the published facts of (tasks_from: facts, likewise)."""
+    shared = ("prune",) if facts else ("facts", "prune")
     found: set[str] = set()
     if isinstance(node, dict):
         for key, value in node.items():
             if key in ("ansible.builtin.include_role", "ansible.builtin.import_role"):
-                if facts or value.get("tasks_from") != "facts":
+                if value.get("tasks_from") not in shared:
                     found.add(value["name"].removeprefix(PREFIX))
             elif key == "role" and isinstance(value, str):
                 found.add(value.removeprefix(PREFIX))
@@ -192,11 +189,10 @@ def test_a_full_run_runs_the_stages_from_the_first_with_anything_to_do(first, st
 def test_the_first_stage_and_the_tags_both_narrow_the_stages_and_roles():
     assert ds.stages_reached(["model", "serve"], [], "ray") == ["serve"]
     assert ds.stages_reached(["host_prep"], [], "images") == []
-    # monitoring's stage reads host_prep's firewall settings; the serve stage removes the
-    # builds the ranks left (hybrid_image's prune entry).
-    assert ds.roles_to_validate(["all"], [], "ray") == EVERY_ROLE
-    assert ds.roles_to_validate(["all"], [], "monitoring") == [
-        "host_prep", "monitoring", "deploy_state", "operate",
+    assert ds.roles_to_validate(["all"], [], "ray") == [
+        # monitoring's stage reads host_prep's firewall settings.
+        "host_prep", "model_cache", "ray_cluster", "vllm_serve", "monitoring",
+        "deploy_state", "operate",
     ]  # fmt: skip
     assert ds.roles_to_validate(["all"], [], "images") == EVERY_ROLE
     assert filters.deploy_stages_reached(["all"], [], "serve") == ["serve", "monitoring"]
@@ -299,6 +295,25 @@ def test_a_changed_setting_moves_the_inputs_of_every_stage_that_reads_it(changes
     assert {"vllm_serve_max_model_len", "vllm_serve_port", "spark_gpus"} <= set(after["serve"])
     assert all(re.fullmatch("[0-9a-f]{16}", d) for part in after.values() for d in part.values())
     assert filters.deploy_state_fingerprints({**SETTINGS, **changes}, common) == after
+
+
+def test_a_shared_entry_point_is_read_not_entered():
+    """The serve stage removes the builds the ranks left through hybrid_image's prune entry
+    point: it reads the settings of that file (and what their defaults derive from), but does
+    not take the role on, so preflight checks no hybrid_image setting for a serve run and a
+    donor change still starts at the images stage."""
+    stages = ds.load()
+    assert "tasks_from: prune" in (ROOT / "playbooks/serve.yml").read_text()
+    assert "hybrid_image" not in stages.roles["serve"]
+    assert {"hybrid_image_keep_builds", "hybrid_image_name", "hybrid_image_alias"} <= stages.reads[
+        "serve"
+    ]
+    assert "spark_serving_image_name" in stages.reads["serve"]
+    assert "hybrid_image_donor" not in stages.reads["serve"]
+    assert ds.roles_to_validate(["serve"]) == [
+        "model_cache", "ray_cluster", "vllm_serve", "deploy_state", "operate",
+    ]  # fmt: skip
+    assert started_at("hybrid_image_keep_builds") == "images"
 
 
 def test_what_a_task_sets_is_no_setting():
