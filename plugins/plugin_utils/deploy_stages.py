@@ -207,8 +207,8 @@ def load(root: str = str(ROOT)) -> Stages:
         # A stage's own playbook enters the roles whose facts it reads (the serve stage checks
         # model_cache's settings and copies); a role reads another role's facts file only, and
         # any stage another role's prune file only.
-        entered += [role for role, entry in shared if entry == "facts"]
-        shared = [(role, entry) for role, entry in shared if entry != "facts"]
+        entered += [role for role, point in shared if point == "facts"]
+        shared = [(role, point) for role, point in shared if point != "facts"]
         stage_texts = [path.read_text(), json.dumps(entry)]
         stage_texts += [
             (base / "playbooks" / name).read_text()
