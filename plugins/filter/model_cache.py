@@ -47,6 +47,17 @@ def model_cache_problems(problems):
     return mm.describe(problems) or "no problems"
 
 
+def model_cache_stale(source, copy):
+    """The files of the ``source`` manifest a copy must bring again: missing from ``copy``,
+    of another size, or older there than in the source (both with mtime_ns)."""
+    if not isinstance(source, dict) or not isinstance(copy, dict):
+        raise AnsibleFilterError(
+            "model_cache_stale: expected two manifests (dicts), got "
+            f"{type(source).__name__} and {type(copy).__name__}"
+        )
+    return mm.stale(source, copy)
+
+
 def model_cache_repo_dir(repo_id):
     """The Hugging Face cache directory name of a repository (models--Org--Name)."""
     try:
@@ -64,6 +75,7 @@ OPERATIONS = {
     "rsync": model_cache_rsync,
     "repo_dir": model_cache_repo_dir,
     "problems": model_cache_problems,
+    "stale": model_cache_stale,
 }
 
 

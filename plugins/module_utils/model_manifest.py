@@ -120,6 +120,7 @@ def build_manifest(
     checksum: bool = True,
     workers: int = 4,
     known: dict | None = None,
+    mtimes: bool = False,
 ) -> dict:
     """Describe ``model_dir``: ``{files, dangling, escaping, hashed, reused}``.
 
@@ -129,8 +130,9 @@ def build_manifest(
     one that resolves outside ``root`` (default: ``model_dir``) in ``escaping``, because
     a copy of ``root`` elsewhere would leave it pointing at nothing.
 
-    With ``known`` (a dict, possibly empty: the files of an earlier verified manifest of
-    this directory) every entry also carries ``"mtime_ns"``, and a file whose size and
+    With ``mtimes``, or with ``known`` (a dict, possibly empty: the files of an earlier
+    verified manifest of this directory), every entry also carries ``"mtime_ns"``; with
+    ``known`` a file whose size and
     modification time equal its ``known`` entry keeps that entry's SHA-256 instead of being
     read again (``reused``); the others are read (``hashed``).
     """
@@ -155,7 +157,7 @@ def build_manifest(
         if not matches(rel, patterns) or not os.path.isfile(path):
             continue
         files[rel] = {"size": size}
-        if known is not None:
+        if known is not None or mtimes:
             files[rel]["mtime_ns"] = mtime_ns
         if checksum:
             if unchanged(known, rel, files[rel]):
@@ -187,6 +189,25 @@ def unchanged(known: dict | None, rel: str, entry: dict) -> bool:
         and int(old.get("size", -1)) == int(entry["size"])
         and int(old["mtime_ns"]) == int(entry.get("mtime_ns", -1))
     )
+
+
+def stale(source: dict, copy: dict) -> list[str]:
+    """The files of ``source`` a copy of it must bring again: those ``copy`` lacks, holds at
+    another size, or holds from before the source's file last changed (both manifests with
+    ``mtime_ns``; a file without one is stale). Make's rule: a copy written after its source
+    changed is current, so an unchanged model is not read again to find that out."""
+    found = []
+    for rel in sorted(source):
+        want, got = source[rel], copy.get(rel)
+        if (
+            not isinstance(got, dict)
+            or int(got.get("size", -1)) != int(want["size"])
+            or want.get("mtime_ns") is None
+            or got.get("mtime_ns") is None
+            or int(got["mtime_ns"]) < int(want["mtime_ns"])
+        ):
+            found.append(rel)
+    return found
 
 
 def read_record(text: str) -> dict:

@@ -89,6 +89,13 @@ options:
         (the entries still carry C(mtime_ns), so a new record can be written).
     type: bool
     default: true
+  mtimes:
+    description:
+      - Every RV(manifest) entry also carries C(mtime_ns), the file's modification time in
+        nanoseconds (as with O(record)), so that a copy can be compared with its source by
+        time, without reading either.
+    type: bool
+    default: false
   workers:
     description: Files hashed at once.
     type: int
@@ -140,7 +147,9 @@ model_dir:
   sample: >-
     /var/lib/dgx-spark/models/hub/models--Qwen--Qwen3.5-122B-A10B-FP8/snapshots/0123456789abcdef0123456789abcdef
 manifest:
-  description: Relative path to C(size) and, with O(checksum), C(sha256).
+  description:
+    - Relative path to C(size) and, with O(checksum), C(sha256); with O(mtimes) or O(record),
+      C(mtime_ns).
   returned: always
   type: dict
   sample: {"config.json": {"size": 682, "sha256": "4b5c..."}}
@@ -221,6 +230,7 @@ def run(params: dict) -> dict:
             checksum=params["checksum"],
             workers=params["workers"],
             known=known,
+            mtimes=params.get("mtimes", False),
         )
     problems = mm.compare(expected or {}, described, checksum=params["checksum"])
     free = mm.free_bytes(path)[1]
@@ -252,6 +262,7 @@ def main() -> None:
             "fail_on_mismatch": {"type": "bool", "default": True},
             "record": {"type": "path"},
             "trust_record": {"type": "bool", "default": True},
+            "mtimes": {"type": "bool", "default": False},
             "workers": {"type": "int", "default": 4},
         },
         supports_check_mode=True,

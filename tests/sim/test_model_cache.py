@@ -207,6 +207,37 @@ def test_a_changed_file_is_read_again_and_caught(first_run, hosts, nodes, tiny):
     assert node_files(hosts[worker], f"{BASE}/plain/tiny-qwen3-moe")["config.json"][0] == want
 
 
+COPY_TASK = "Copy the local model directory to the head"
+
+
+def test_the_source_is_copied_again_only_once_it_changed(hosts, nodes, tiny, tmp_path):
+    """model_cache_local_dir is compared with the head's copy by size and time: a rerun leaves
+    the copy alone (no file of either side is read), and a source file changed at the same size
+    reaches the head and then the worker."""
+    source = tmp_path / "tiny-qwen3-moe"
+    shutil.copytree(tiny, source)
+    given = ("-e", f"model_cache_dir={BASE}/from-source", "-e", f"model_cache_local_dir={source}")
+    first = run_playbook(*given)
+    assert first["rc"] == 0, failures(first)
+    head = nodes[0].name
+    assert results(first, COPY_TASK)[head].get("changed"), results(first, COPY_TASK)
+    again = run_playbook(*given)
+    assert again["rc"] == 0, failures(again)
+    assert results(again, COPY_TASK)[head].get("skipped"), results(again, COPY_TASK)
+    assert changed(again) == {"localhost": 0, **{n.name: 0 for n in nodes}}
+    config = source / "config.json"
+    text = bytearray(config.read_bytes())
+    text[-1] = 32 if text[-1] != 32 else 10
+    config.write_bytes(bytes(text))
+    edited = run_playbook(*given)
+    assert edited["rc"] == 0, failures(edited)
+    assert results(edited, COPY_TASK)[head].get("changed"), results(edited, COPY_TASK)
+    want = hashlib.sha256(bytes(text)).hexdigest()
+    for node in nodes:
+        files = node_files(hosts[node.name], f"{BASE}/from-source/tiny-qwen3-moe")
+        assert files["config.json"][0] == want, (node.name, files["config.json"])
+
+
 def test_model_bigger_than_memory_fails_before_any_change(hosts, nodes):
     target = f"{BASE}/too-big"
     report = run_playbook(

@@ -73,3 +73,14 @@ def test_problems_of_a_clean_copy():
     assert flt.model_cache_problems(mm.compare(files, {"files": files})) == "no problems"
     with pytest.raises(AnsibleFilterError, match="expected a dict"):
         flt.model_cache_problems(["missing"])
+
+
+def test_stale_names_the_files_to_copy_and_refuses_what_is_no_manifest():
+    source = {
+        "config.json": {"size": 5, "mtime_ns": 20},
+        "w.safetensors": {"size": 9, "mtime_ns": 5},
+    }
+    copy = {"config.json": {"size": 5, "mtime_ns": 10}, "w.safetensors": {"size": 9, "mtime_ns": 6}}
+    assert FILTERS["model_cache_stale"](source, copy) == ["config.json"]
+    with pytest.raises(AnsibleFilterError, match="two manifests"):
+        FILTERS["model_cache_stale"](source, None)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -576,3 +577,42 @@ def test_the_verification_record_reads_back():
     files = {"model.safetensors": {"size": 3, "sha256": "ab", "mtime_ns": 1}}
     made = stage_record({"model_dir": "/models/tiny"}, files=files)
     assert mm.read_record(json.dumps(made)) == files
+
+
+# --------------------------------------------------------------------------- stale copies
+
+
+def test_mtimes_alone_put_the_time_in_every_entry(tmp_path):
+    root = plain_model(tmp_path / "tiny")
+    plain = mm.build_manifest(str(root), checksum=False)["files"]
+    timed = mm.build_manifest(str(root), checksum=False, mtimes=True)["files"]
+    assert all("mtime_ns" not in entry for entry in plain.values())
+    assert {name: entry["mtime_ns"] for name, entry in timed.items()} == {
+        name: (root / name).stat().st_mtime_ns for name in plain
+    }
+
+
+def test_a_copy_written_after_its_source_is_current(tmp_path):
+    source = plain_model(tmp_path / "source")
+    copy = tmp_path / "copy"
+    shutil.copytree(source, copy)
+    for path in source.iterdir():
+        os.utime(path, ns=(10**18, 10**18))
+    for path in copy.iterdir():
+        os.utime(path, ns=(2 * 10**18, 2 * 10**18))
+    want = mm.build_manifest(str(source), checksum=False, mtimes=True)["files"]
+    have = mm.build_manifest(str(copy), checksum=False, mtimes=True)["files"]
+    assert mm.stale(want, have) == []
+
+
+def test_missing_resized_and_newer_source_files_are_stale(tmp_path):
+    entry = {"size": 10, "mtime_ns": 100}
+    source = {"a": entry, "b": entry, "c": entry, "d": entry, "e": entry, "f": {"size": 10}}
+    copy = {
+        "b": {"size": 11, "mtime_ns": 200},  # another size
+        "c": {"size": 10, "mtime_ns": 99},  # written before the source last changed
+        "d": {"size": 10, "mtime_ns": 100},  # the same time: current
+        "e": {"size": 10},  # no time to compare: copied again
+        "f": {"size": 10, "mtime_ns": 300},  # the source has no time: copied again
+    }
+    assert mm.stale(source, copy) == ["a", "b", "c", "e", "f"]
