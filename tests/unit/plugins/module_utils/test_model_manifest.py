@@ -605,7 +605,7 @@ def test_a_copy_written_after_its_source_is_current(tmp_path):
     assert mm.stale(want, have) == []
 
 
-def test_missing_resized_and_newer_source_files_are_stale(tmp_path):
+def test_missing_resized_and_newer_source_files_are_stale():
     entry = {"size": 10, "mtime_ns": 100}
     source = {"a": entry, "b": entry, "c": entry, "d": entry, "e": entry, "f": {"size": 10}}
     copy = {
