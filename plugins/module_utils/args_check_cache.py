@@ -1,6 +1,7 @@
 # Copyright: contributors to the dgx_spark.cluster collection
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""Remember, on the node, the command lines the serving image's vLLM accepted.
+"""Remember, on the node, the command lines the serving image's vLLM accepted (and what an
+image's vLLM registers, for vllm_registry_info).
 
 ``vllm_args_check`` spends most of its time importing vLLM in a container. When everything
 the probe reads is the same as when it last accepted, its answer is known. The key of an
@@ -97,10 +98,14 @@ def entry_path(cache_dir: str, key: str) -> str:
     return os.path.join(cache_dir, f"{key}.json")
 
 
-def read_entry(cache_dir: str, key: str) -> dict | None:
+def read_entry(
+    cache_dir: str, key: str, document_keys: tuple = ("errors", "registries")
+) -> dict | None:
     """The entry stored under ``key`` (deployment_record's shape: the key as input, the
     ``image_id`` and the probe's JSON ``document`` kept), or None when there is none, or it
-    cannot be read or parsed, or it is not such an entry (such a file is ignored)."""
+    cannot be read or parsed, or it is not such an entry (such a file is ignored).
+    ``document_keys``: the mappings the probe's document must hold (vllm_args_check's by
+    default; vllm_registry_info's document is judged by its own reader instead)."""
     try:
         with open(entry_path(cache_dir, key), encoding="utf-8") as handle:
             entry = read_stage_record(handle.read(), required=("image_id", "document"))
@@ -111,8 +116,7 @@ def read_entry(cache_dir: str, key: str) -> dict | None:
         or (entry.get("inputs") or {}).get("key") != key
         or not isinstance(entry["image_id"], str)
         or not isinstance(entry["document"], dict)
-        or not isinstance(entry["document"].get("errors"), dict)
-        or not isinstance(entry["document"].get("registries"), dict)
+        or not all(isinstance(entry["document"].get(name), dict) for name in document_keys)
     ):
         return None
     return entry

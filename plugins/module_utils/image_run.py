@@ -86,6 +86,15 @@ def run_once(client, image_id: str, python: str, probe: dict) -> dict:
         container.remove(force=True)
 
 
+def image_id_of(client, image: str) -> str | None:
+    """The ID the node's Docker gives ``image``, or None when it has no such image (the probe's
+    run then says so)."""
+    try:
+        return client.images.get(image).id
+    except ImageNotFound:
+        return None
+
+
 def run_in_image(client, node: str, image: str, python: str, probe: dict, missing: str):
     """(image ID, probe document), trying the image's Pythons in turn (``python`` first when
     set). ``missing`` says how to get the image onto the node when it is not there."""

@@ -259,6 +259,7 @@ from ansible_collections.dgx_spark.cluster.plugins.module_utils.image_run import
 )
 from ansible_collections.dgx_spark.cluster.plugins.module_utils.image_run import (  # noqa: E402
     connect,
+    image_id_of,
     run_in_image,
 )
 from ansible_collections.dgx_spark.cluster.plugins.module_utils.vllm_args_probe import (  # noqa: E402
@@ -270,7 +271,7 @@ from ansible_collections.dgx_spark.cluster.plugins.module_utils.vllm_args_probe 
 )
 
 try:
-    from docker.errors import APIError, DockerException, ImageNotFound
+    from docker.errors import APIError, DockerException
     from requests.exceptions import RequestException
 except ImportError:
     HAS_DOCKER = False
@@ -297,15 +298,6 @@ def ask_image(client, node: str, params: dict) -> tuple[str, dict]:
     }
     missing = "build or load it there first (playbooks/images.yml)"
     return run_in_image(client, node, params["image"], params["python"], probe, missing)
-
-
-def image_id_of(client, image: str) -> str | None:
-    """The ID the node's Docker gives ``image``, or None when it has no such image (the probe's
-    run then says so)."""
-    try:
-        return client.images.get(image).id
-    except ImageNotFound:
-        return None
 
 
 def answer_key(params: dict, image_id: str | None) -> str | None:

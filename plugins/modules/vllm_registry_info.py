@@ -30,7 +30,11 @@ author:
 attributes:
   check_mode:
     support: full
-    description: Nothing is changed on the node, so the module runs the same in check mode.
+    description:
+      - Nothing is changed on the node, so the module runs the same in check mode.
+      - In check mode documents kept in O(cache_dir) are read, and none is written.
+      - Keeping a document in O(cache_dir) is bookkeeping, not a change of the node; the module
+        always reports C(changed=false).
   diff_mode:
     support: none
     description: The module changes nothing, so there is no diff.
@@ -89,6 +93,20 @@ options:
       - With O(report), the node's communication environment (host_prep's comm.env). Where it
         puts NCCL on the RoCE path and the image has no libibverbs, RV(refusals) says so.
       - A file that does not exist judges nothing.
+    type: path
+  cache_dir:
+    description:
+      - A directory on the node where the module keeps what the probe read in each image, one
+        JSON file per image and request, made with mode 0700 (files 0600) when missing.
+      - A kept document is read instead of running a container when all of these are the
+        same - the image's ID (as the node resolves each image read), the probe's own code
+        and its request (O(mode), O(modules), O(report), and in O(mode=import)
+        O(architectures)) and O(python). What an image holds does not change under its ID.
+      - O(comm_env_file) is read anew on every call, so RV(refusals) follows the node's
+        current communication environment.
+      - The 32 documents used most recently are kept. One that cannot be read, or in which
+        the reader finds no vLLM, is ignored and read from the image again.
+      - Without it every call runs the probe.
     type: path
 notes:
   - The probe container runs as the image's user, without GPUs and without a network;
@@ -346,6 +364,14 @@ import socket  # noqa: E402
 import traceback  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule, env_fallback, missing_required_lib  # noqa: E402
+from ansible_collections.dgx_spark.cluster.plugins.module_utils.args_check_cache import (  # noqa: E402
+    cache_key,
+    probe_digest,
+    prune,
+    read_entry,
+    touch_entry,
+    write_entry,
+)
 from ansible_collections.dgx_spark.cluster.plugins.module_utils.image_report import (  # noqa: E402
     build_report,
     parse_env_file,
@@ -356,6 +382,7 @@ from ansible_collections.dgx_spark.cluster.plugins.module_utils.image_run import
 )
 from ansible_collections.dgx_spark.cluster.plugins.module_utils.image_run import (  # noqa: E402
     connect,
+    image_id_of,
     run_in_image,
 )
 from ansible_collections.dgx_spark.cluster.plugins.module_utils.vllm_image_probe import (  # noqa: E402
@@ -392,9 +419,45 @@ def inspect_image(client, node: str, image: str, params: dict, request: str) -> 
     return run_in_image(client, node, image, params["python"], probe, missing)
 
 
-def read_image(client, node: str, image: str, params: dict, request: str) -> tuple[str, dict, dict]:
-    """(image ID, probe document, image facts), with errors named for the user."""
+def kept_key(client, image: str, params: dict, request: str) -> str | None:
+    """The key of the document kept for this image and request in O(cache_dir): the image's
+    ID, the python option and the probe with its request (None: the image is not there)."""
+    probe = probe_digest(probe_entrypoint("python"), request)
+    return cache_key(image_id_of(client, image), [], {}, False, [], params["python"], probe, {})
+
+
+def read_image(
+    client, node: str, image: str, params: dict, request: str, check_mode: bool = False, warn=None
+) -> tuple[str, dict, dict]:
+    """(image ID, probe document, image facts), with errors named for the user. With
+    cache_dir, the document kept for this image and request is read instead of running the
+    probe, and a new one in which the reader finds vLLM is kept (not in check mode)."""
+    cache_dir = params.get("cache_dir")
+    key = kept_key(client, image, params, request) if cache_dir else None
+    entry = read_entry(cache_dir, key, document_keys=()) if key else None
+    if entry is not None:
+        try:
+            info = build_info(entry["document"])
+        except (NoVllmError, ProbeError):
+            entry = None  # not one this reader takes: asked again below
+        else:
+            if not check_mode:
+                touch_entry(cache_dir, key)
+            return entry["image_id"], entry["document"], info
     image_id, doc = inspect_image(client, node, image, params, request)
+    info = read_info(image, node, doc)
+    if key and not check_mode:
+        try:
+            write_entry(cache_dir, key, image_id, doc)
+            prune(cache_dir)
+        except OSError as exc:
+            if warn:
+                warn(f"cannot keep what {image} holds in {cache_dir}: {exc}")
+    return image_id, doc, info
+
+
+def read_info(image: str, node: str, doc: dict) -> dict:
+    """build_info of the probe's document, with errors named for the user."""
     try:
         info = build_info(doc)
     except NoVllmError as exc:
@@ -408,7 +471,7 @@ def read_image(client, node: str, image: str, params: dict, request: str) -> tup
             f"image {image} on node {node} (vLLM {version}): {exc}. The static reader knows "
             "the literal registry layout vLLM has used since 0.10; report this version"
         ) from exc
-    return image_id, doc, info
+    return info
 
 
 def check_architectures(params: dict, info: dict, doc: dict) -> list:
@@ -466,11 +529,11 @@ def read_env_file(params: dict) -> dict | None:
         raise InspectError(f"cannot read {path}: {exc}") from exc
 
 
-def compare_with(client, node: str, params: dict, info: dict) -> dict:
+def compare_with(client, node: str, params: dict, info: dict, check_mode: bool, warn) -> dict:
     """What the image holds against the registry of ``compare_to``, read statically."""
     other = params["compare_to"]
     other_id, _doc, other_info = read_image(
-        client, node, other, params, probe_request("static", [])
+        client, node, other, params, probe_request("static", []), check_mode, warn
     )
     comparison = compare(info, other_info)
     comparison["compare_to"] = {
@@ -489,11 +552,13 @@ def run_module(module: AnsibleModule, node: str) -> dict:
         request = probe_request(
             params["mode"], params["architectures"], params["modules"], params["report"]
         )
-        image_id, doc, info = read_image(client, node, params["image"], params, request)
+        image_id, doc, info = read_image(
+            client, node, params["image"], params, request, module.check_mode, module.warn
+        )
         result = image_result(params, node, image_id, doc, info)
         comparison = None
         if params["compare_to"]:
-            comparison = compare_with(client, node, params, info)
+            comparison = compare_with(client, node, params, info, module.check_mode, module.warn)
             result["comparison"] = comparison
         result["table"] = format_table(
             params["image"],
@@ -534,6 +599,7 @@ def main() -> None:
             "report": {"type": "bool", "default": False},
             "comm_env_file": {"type": "path"},
             "timeout": {"type": "int", "default": 300},
+            "cache_dir": {"type": "path"},
         },
         supports_check_mode=True,
     )

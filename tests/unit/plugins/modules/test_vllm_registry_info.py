@@ -418,3 +418,121 @@ def test_report_and_its_refusal_on_the_roce_path(client, capsys, tmp_path):
     assert missing["refusals"] == []
     _code, plain = run(args, capsys)
     assert "report" not in plain and "refusals" not in plain
+
+
+# --------------------------------------------------------------------------- cache_dir
+
+
+def _started(client) -> int:
+    """Probe containers that ran (a missing Python's container never ran the probe)."""
+    return sum(1 for c in client.created if c.proc is not None)
+
+
+def test_a_kept_document_answers_the_same_request_without_a_container(client, capsys, tmp_path):
+    cache = tmp_path / "kept"
+    args = {"image": IMAGE, "architectures": ["Qwen3MoeForCausalLM"], "cache_dir": str(cache)}
+    code, first = run(args, capsys)
+    assert code == 0, first
+    assert _started(client) == 1
+    [entry] = list(cache.iterdir())
+    assert entry.stat().st_mode & 0o777 == 0o600
+    assert cache.stat().st_mode & 0o777 == 0o700
+    code, second = run(args, capsys)
+    assert code == 0, second
+    assert _started(client) == 1
+    assert second == first
+
+
+@pytest.mark.parametrize(
+    "base, change",
+    [
+        ({"mode": "import"}, {"architectures": ["Qwen3_5MoeForConditionalGeneration"]}),
+        ({}, {"mode": "import"}),
+        ({}, {"modules": ["ray"]}),
+        ({}, {"report": True}),
+        ({}, {"python": "python3"}),
+    ],
+    ids=["import-architectures", "mode", "modules", "report", "python"],
+)
+def test_another_request_runs_the_probe_again(client, capsys, tmp_path, base, change):
+    args = {
+        "image": IMAGE,
+        "architectures": ["Qwen3MoeForCausalLM"],
+        "cache_dir": str(tmp_path / "kept"),
+        **base,
+    }
+    assert run(args, capsys)[0] == 0
+    assert _started(client) == 1
+    code, out = run({**args, **change}, capsys)
+    assert code == 0, out
+    assert _started(client) == 2
+
+
+def test_static_reads_answer_other_architectures_from_the_same_document(client, capsys, tmp_path):
+    """A static read's document is the registry's text: which architectures are asked about is
+    judged from it, so the question does not take another container."""
+    args = {
+        "image": IMAGE,
+        "architectures": ["Qwen3MoeForCausalLM"],
+        "cache_dir": str(tmp_path / "kept"),
+    }
+    assert run(args, capsys)[0] == 0
+    code, out = run({**args, "architectures": ["Nope"]}, capsys)
+    assert code == 0, out
+    assert _started(client) == 1
+    assert out["checked"]["Nope"]["status"] == "missing"
+
+
+def test_another_image_under_the_same_name_runs_the_probe_again(client, images, capsys, tmp_path):
+    args = {"image": IMAGE, "cache_dir": str(tmp_path / "kept")}
+    assert run(args, capsys)[0] == 0
+    client.known[IMAGE] = FakeImage(
+        "rebuilt", images[IMAGE].site, images[IMAGE].attrs["Config"]["Env"]
+    )
+    code, out = run(args, capsys)
+    assert code == 0, out
+    assert _started(client) == 2
+    assert out["image_id"] == client.known[IMAGE].id
+    assert len(list((tmp_path / "kept").iterdir())) == 2
+
+
+def test_compare_to_keeps_both_images(client, capsys, tmp_path):
+    args = {"image": IMAGE, "compare_to": OTHER, "cache_dir": str(tmp_path / "kept")}
+    code, first = run(args, capsys)
+    assert code == 0, first
+    assert _started(client) == 2
+    code, second = run(args, capsys)
+    assert code == 0, second
+    assert _started(client) == 2
+    assert second["comparison"] == first["comparison"]
+
+
+def test_check_mode_reads_kept_documents_and_keeps_none(client, capsys, tmp_path):
+    args = {"image": IMAGE, "cache_dir": str(tmp_path / "kept")}
+    assert run(args, capsys, check_mode=True)[0] == 0
+    assert not (tmp_path / "kept").exists()
+    assert run(args, capsys)[0] == 0
+    assert _started(client) == 2
+    code, out = run(args, capsys, check_mode=True)
+    assert code == 0, out
+    assert _started(client) == 2
+
+
+def test_a_kept_document_without_vllm_is_read_from_the_image_again(client, capsys, tmp_path):
+    args = {"image": IMAGE, "cache_dir": str(tmp_path / "kept")}
+    assert run(args, capsys)[0] == 0
+    [entry] = list((tmp_path / "kept").iterdir())
+    text = entry.read_text()
+    assert '"vllm_path"' in text
+    entry.write_text(text.replace('"vllm_path"', '"vllm_path_gone"'))
+    code, out = run(args, capsys)
+    assert code == 0, out
+    assert _started(client) == 2
+    assert '"vllm_path_gone"' not in entry.read_text()
+
+
+def test_an_image_without_vllm_is_never_kept(client, capsys, tmp_path):
+    code, out = run({"image": "debian:bookworm", "cache_dir": str(tmp_path / "kept")}, capsys)
+    assert code == 1
+    assert "finds no 'vllm' package" in out["msg"]
+    assert not (tmp_path / "kept").exists()
