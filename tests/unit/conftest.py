@@ -43,9 +43,10 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def load_tool(name: str):
-    """Import ``tools/<name>.py`` by path (tools/ is not a package)."""
+    """Import ``tools/<name>.py`` by path (tools/ is not a package); ``name`` may go through a
+    folder (``callback/module_zip_cache``)."""
     path = REPO_ROOT / "tools" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"dgx_spark_tools_{name}", path)
+    spec = importlib.util.spec_from_file_location(f"dgx_spark_tools_{name.replace('/', '_')}", path)
     assert spec is not None and spec.loader is not None, path
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module

@@ -3,13 +3,13 @@ ansible-playbook run that takes its module archive from the kept directory."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import load_tool
 
 ROOT = Path(__file__).resolve().parents[3]
 PLUGIN = ROOT / "tools" / "callback" / "module_zip_cache.py"
@@ -17,10 +17,7 @@ PLUGIN = ROOT / "tools" / "callback" / "module_zip_cache.py"
 
 @pytest.fixture(scope="module")
 def cache():
-    spec = importlib.util.spec_from_file_location("dgx_spark_tools_module_zip_cache", PLUGIN)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_tool("callback/module_zip_cache")
 
 
 VERSIONS = {"ansible-core": "2.19.14", "ansible": "12.3.0"}
