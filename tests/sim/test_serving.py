@@ -174,6 +174,11 @@ def key_left_behind(host, key: str) -> list[str]:
 
 
 def test_a_key_rotation_restarts_the_group_once(deployed, nodes, hosts):
+    # What a run under the multinode backend leaves on the worker, which under the Ray
+    # backend serves from no configuration of its own: a configuration with the old key.
+    left = "/etc/dgx-spark/vllm/0123456789abcdef"
+    plant = f"mkdir -p -m 0700 {left} && printf %s {shlex.quote(KEY)} > {left}/auth.json"
+    sh(hosts["spark-2"], plant)
     with Client(nodes, [KEY, ROTATED]) as client:
         time.sleep(2)
         run = serve("-e", f"vllm_serve_api_key={ROTATED}")
