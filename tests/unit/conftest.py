@@ -10,12 +10,12 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 from pathlib import Path
 
 import pytest
+from support.tools import load_tool
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 COLLECTIONS = REPO_ROOT / "collections"
@@ -40,18 +40,6 @@ def pytest_configure(config: pytest.Config) -> None:
         "network: fetches published vLLM source archives (cached under .cache/vllm-sdist); "
         "skipped when offline unless CI is set",
     )
-
-
-def load_tool(name: str):
-    """Import ``tools/<name>.py`` by path (tools/ is not a package); ``name`` may go through a
-    folder (``callback/module_zip_cache``)."""
-    path = REPO_ROOT / "tools" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"dgx_spark_tools_{name.replace('/', '_')}", path)
-    assert spec is not None and spec.loader is not None, path
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import load_tool
+from support.tools import load_tool
 
 ROOT = Path(__file__).resolve().parents[3]
 PLUGIN = ROOT / "tools" / "callback" / "module_zip_cache.py"
