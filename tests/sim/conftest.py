@@ -335,6 +335,21 @@ def deployed_pair(request, sim, nodes):
 
 
 @pytest.fixture(scope="module")
+def pair_with_images(request, sim, nodes):
+    """The pair answering with the inventory's key and the serving alias on every node, whatever
+    images stage record an earlier module left (molecule's images scenario, images.yml run
+    with other names): for the modules that run the images stage themselves and need no more
+    of the pair. deploy.yml (bring_in_step) only where a node lacks the alias or the pair does
+    not answer; the next module that needs the pair in step repairs what is left."""
+    alias = "dgx-spark/vllm-serving:current"
+    if all(on_node(n, "docker", "image", "inspect", alias, check=False).returncode == 0
+           for n in nodes) and _answers(nodes):  # fmt: skip
+        return nodes
+    bring_in_step(request.module.__name__, nodes)
+    return nodes
+
+
+@pytest.fixture(scope="module")
 def serving_pair(deployed_pair):
     """The pair serving the inventory's deployment, as deployed_pair leaves it: deploy.yml's
     in-step check, and its repair of whatever an earlier module left out of step (a restarted

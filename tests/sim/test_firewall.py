@@ -1,7 +1,8 @@
 """Cluster ports to peers only (host_prep's firewall) on the simulated pair. A container outside
 the nodes, on both of the sim's networks, is refused on Ray's ports and, while it is not in
 vllm_serve_allowed_sources, on the serving port; the peer and SSH get through; a worker's Ray
-that starts again joins the head through the firewall and the pair serves again; a rerun of
+that starts again joins the head through the firewall and the pair serves again (a drill:
+every deploy forms Ray through the firewall already); a rerun of
 the host_prep stage changes nothing; the default (the management network) lets the
 outsider reach the serving port again; and host_prep_firewall: false removes the table and
 its files, which a run with it on brings back as they were. A drill (`make test-drills`)
@@ -150,6 +151,7 @@ def test_an_outsider_not_in_allowed_sources_is_refused_on_the_serving_port(
     assert completion(head) == 2
 
 
+@pytest.mark.drill
 def test_the_nodes_form_ray_and_serve_through_the_firewall(firewalled, nodes):
     """The worker's Ray container dies and starts again: it must join the head's cluster
     through the firewall (GCS, raylet, object manager, workers' ports), and the driver must
@@ -299,8 +301,8 @@ def test_a_changed_allowed_sources_reaches_the_firewall_through_deploy(
     again is in step. Asked again at their turns, the stages between host_prep and monitoring
     (which reads the setting too) have nothing to do: no rank's container is touched. The
     inventory's default then admits the outsider again, and a bad CIDR is refused before any
-    node is changed. The module's earlier tests restarted a rank (a difference of the ray and
-    serve stages): the pair is first brought in step, so what runs is the setting's alone."""
+    node is changed. The pair is first brought in step (where the drill above ran, it restarted
+    a rank: a difference of the ray and serve stages), so what runs is the setting's alone."""
     bring_in_step("test_firewall (allowed sources)", nodes)
     head = nodes[0]
     default = serving_sources(head)

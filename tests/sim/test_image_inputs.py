@@ -130,7 +130,7 @@ def test_preflight_without_the_docker_sdk_leaves_the_base_to_the_images_stage(
     }
 
 
-def test_base_served_as_it_is_must_be_the_same_image_on_every_node(deployed_pair, hosts):
+def test_base_served_as_it_is_must_be_the_same_image_on_every_node(pair_with_images, hosts):
     """Each node built its own serving image (each_node), so their IDs differ: serving that
     image as a base would run mixed versions, and the role refuses before moving any alias."""
     ids = {name: image_id(host, ALIAS) for name, host in hosts.items()}
@@ -152,7 +152,7 @@ def test_base_served_as_it_is_must_be_the_same_image_on_every_node(deployed_pair
             host.run(f"sudo docker image rm {test_alias}")
 
 
-def test_base_that_imports_the_architectures_is_served_as_it_is(deployed_pair, hosts):
+def test_base_that_imports_the_architectures_is_served_as_it_is(pair_with_images, hosts):
     """The current serving image (Ray 2.60, vLLM 0.32 CPU) stands in for a base that already
     knows the wanted architectures, on one node (the nodes' copies differ, see above); the
     alias goes under a test name, and nothing is built."""

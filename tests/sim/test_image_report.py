@@ -25,12 +25,12 @@ def _reports(run) -> dict[str, dict]:
     }
 
 
-def test_the_images_stage_reports_what_the_serving_image_holds(serving_pair, images):
+def test_the_images_stage_reports_what_the_serving_image_holds(pair_with_images, images):
     run = run_playbook("playbooks/images.yml")
     assert run.rc == 0, run.failures() or run.raw[-4000:]
     reports = _reports(run)
-    assert set(reports) == {n.name for n in serving_pair}
-    for node in serving_pair:
+    assert set(reports) == {n.name for n in pair_with_images}
+    for node in pair_with_images:
         result = reports[node.name]
         report = result["report"]
         assert re.fullmatch(r"0\.\d+\.\d+\+cpu", report["vllm"]), report["vllm"]
@@ -49,8 +49,8 @@ def test_the_images_stage_reports_what_the_serving_image_holds(serving_pair, ima
     )
 
 
-def test_an_image_without_libibverbs_is_refused_on_the_roce_path(serving_pair):
-    for node in serving_pair:
+def test_an_image_without_libibverbs_is_refused_on_the_roce_path(pair_with_images):
+    for node in pair_with_images:
         on_node(
             node,
             "sh",
@@ -60,7 +60,7 @@ def test_an_image_without_libibverbs_is_refused_on_the_roce_path(serving_pair):
     try:
         run = run_playbook("playbooks/images.yml", "-e", f"hybrid_image_comm_env_file={ROCE_ENV}")
     finally:
-        for node in serving_pair:
+        for node in pair_with_images:
             on_node(node, "rm", "-f", ROCE_ENV)
     assert run.rc != 0
     failures = "\n".join(run.failures())
@@ -69,15 +69,15 @@ def test_an_image_without_libibverbs_is_refused_on_the_roce_path(serving_pair):
     assert not [t for t in run.changed_tasks() if "alias" in t], run.changed_tasks()
 
 
-def test_status_prints_the_report_and_the_ranks_nccl(serving_pair, tmp_path):
+def test_status_prints_the_report_and_the_ranks_nccl(pair_with_images, tmp_path):
     path = tmp_path / "status.json"
     run = run_playbook("playbooks/status.yml", "-e", f"status_json={path}", json_report=False)
     assert run.rc == 0, run.raw[-4000:]
-    for node in serving_pair:
+    for node in pair_with_images:
         assert re.search(rf"{node.name} image \w+: vLLM 0\.\d+\.\d+\+cpu, torch ", run.stdout)
         assert f"{node.name} ranks load no libnccl (no rank holds NCCL" in run.stdout
     status = json.loads(path.read_text())
-    for node in serving_pair:
+    for node in pair_with_images:
         entry = status["nodes"][node.name]
         assert entry["image_report"]["image_id"] == entry["ray"]["image_id"]
         assert entry["nccl"] == {"library": None, "version": None, "paths": []}

@@ -142,6 +142,7 @@ def test_secrets_stay_out_of_arguments_environments_and_inspect(deployed, hosts)
     assert auth.split() == ["700", "600"]
 
 
+@pytest.mark.drill
 def test_a_rerun_repairs_ranks_out_of_step(deployed, hosts, nodes):
     # The worker's rank freezes: every container still runs, the pair answers nothing. The
     # head's watchdog would repair this by itself (test_recovery.py): here the rerun must.
