@@ -282,13 +282,13 @@ def playbook():
     return run_playbook
 
 
-def _answers(nodes) -> bool:
-    """One token from the endpoint with the inventory's key."""
+def _answers(nodes, key: str | None = None) -> bool:
+    """One token from the endpoint with ``key``, the inventory's by default."""
     import yaml
 
     serve = yaml.safe_load((INVENTORY / "group_vars/all/serve.yml").read_text())
     endpoint = drills.endpoint(
-        f"http://{nodes[0].mgmt_ip}:8000", serve["vllm_serve_api_key"], timeout=30
+        f"http://{nodes[0].mgmt_ip}:8000", key or serve["vllm_serve_api_key"], timeout=30
     )
     return endpoint.complete(serve["vllm_serve_served_model_name"], "spark").ok
 
@@ -306,16 +306,17 @@ FROM_HOST_PREP = (
 DEPLOYS_LOG = ROOT / ".cache" / "sim-test-deploys.log"
 
 
-def bring_in_step(who: str, nodes) -> None:
+def bring_in_step(who: str, nodes, *extra: str, key: str | None = None) -> None:
     """deploy.yml's own in-step check (playbooks/in_step.yml, seconds), and deploy.yml where it
-    finds the pair out of step with the inventory (a full deploy on a fresh pair, or a repair of
-    what ran before: a restarted container, other settings recorded, a torn-down pair). Its
-    seconds and the in-step check's words go to DEPLOYS_LOG under who."""
+    finds the pair out of step with the inventory and EXTRA (a full deploy on a fresh pair, or a
+    repair of what ran before: a restarted container, other settings recorded, a torn-down
+    pair); then one token with ``key`` (the inventory's by default). Its seconds and the in-step
+    check's words go to DEPLOYS_LOG under who."""
     path = "playbooks/in_step.yml"
-    run = run_playbook(path)
+    run = run_playbook(path, *extra)
     if run.rc != 0 or not run.in_step_report(required=False).startswith("In step"):
         path = "deploy.yml"
-        run = run_playbook(path)
+        run = run_playbook(path, *extra)
     assert run.rc == 0, run.failures() or run.raw[-4000:]
     said = run.in_step_report().replace("\n", "\n  ")
     line = f"{who}: {path} {run.seconds:.0f}s: {said}"
@@ -323,7 +324,7 @@ def bring_in_step(who: str, nodes) -> None:
     DEPLOYS_LOG.parent.mkdir(exist_ok=True)
     with DEPLOYS_LOG.open("a", encoding="utf-8") as log:
         log.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {line}\n")
-    assert _answers(nodes), "the pair does not serve after deploy.yml"
+    assert _answers(nodes, key), "the pair does not serve after deploy.yml"
 
 
 @pytest.fixture(scope="module")

@@ -4,9 +4,12 @@ nothing that serves; the rerun sees the new images and moves every rank (the Ray
 and the driver) to the new one together; a new image that does not serve is rolled back as a
 whole.
 
-The module starts from the pair in step with the inventory (conftest's deployed_pair: the
-in-step check of deploy.yml, and its repair of what an earlier module left), so the upgrade's
-deploy.yml always starts at the images stage. Afterwards the donor tag names the inventory's
+The module starts from the pair in step with the inventory under the key test_serving rotated
+to (conftest's bring_in_step: the in-step check of deploy.yml, and its repair of what an
+earlier module left), so the upgrade's deploy.yml always starts at the images stage. Every run
+here gives that key: after test_serving's rotation the pair is then in step at once, instead
+of one more restart of the group for the inventory's key; alone, the module's first deploy.yml
+rotates to it. Afterwards the donor tag names the inventory's
 donor again, but the pair keeps serving the image built from the test's donor: the next
 deploy.yml moves it back (a run from the images stage, which builds the inventory's image again
 as the upgrade kept one build, and a restart).
@@ -18,9 +21,9 @@ import time
 
 import pytest
 import yaml
-from conftest import ROOT, load_changed_image, node_image_id, on_node, run_playbook
+from conftest import ROOT, bring_in_step, load_changed_image, node_image_id, on_node, run_playbook
 from test_rerun import ran
-from test_serving import KEY, Client, complete, vllm_start_seconds
+from test_serving import ROTATED, Client, complete, vllm_start_seconds
 
 CLUSTER = yaml.safe_load((ROOT / "inventories/sim/group_vars/all/cluster.yml").read_text())
 DONOR = CLUSTER["hybrid_image_donor"]
@@ -28,8 +31,11 @@ HELD = "dgxsim-test/inventory-donor:held"
 ALIAS = "dgx-spark/vllm-serving:current"
 PREVIOUS = "dgx-spark/vllm-serving:previous"
 RANKS = ("dgx-spark-ray", "dgx-spark-vllm")
+# Every run of this module serves under test_serving's rotated key (see above).
+KEY = ROTATED
+UNDER_KEY = ("-e", f"vllm_serve_api_key={KEY}")
 # The upgrade keeps one build, so the build the ranks left must go within the upgrade's run.
-KEEP_ONE = ("-e", "hybrid_image_keep_builds=1")
+KEEP_ONE = ("-e", "hybrid_image_keep_builds=1", *UNDER_KEY)
 # Where the ray stage keeps the serving image's NCCL answer, by image ID (spark_cache_dir/nccl).
 NCCL_KEPT = "/var/lib/dgx-spark/cache/nccl"
 
@@ -67,14 +73,14 @@ def label(node, container: str, name: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def upgrade(deployed_pair, nodes):
-    """The pair in step with the inventory (deploy.yml's in-step check repaired whatever an
-    earlier module left, such as test_serving's rotated key or test_monitoring's record), and
+def upgrade(sim, nodes):
+    """The pair in step with the inventory under the rotated key (deploy.yml's in-step check
+    repaired whatever an earlier module left, such as test_monitoring's record), and
     the inventory's donor tagged again afterwards; the test's donor goes once no image is
     built on it. While the test's donors hold the tag, the inventory's keeps a name of its own,
     as an owner keeps an image: the images stage keeps only the newest builds
     (hybrid_image_keep_builds), and Docker removes an old build's untagged parents with it."""
-    assert complete(nodes, KEY)
+    bring_in_step("test_upgrade", nodes, *UNDER_KEY, key=KEY)
     donor = {n.name: node_image_id(n, DONOR) for n in nodes}
     for node in nodes:
         on_node(node, "docker", "tag", donor[node.name], HELD)
@@ -116,7 +122,7 @@ def test_an_image_rebuild_reaches_every_rank(upgrade, nodes):
                 f"{node.name}: {ALIAS} is {short(alias[node.name])} but {name} runs "
                 f"{short(before[node.name][name]['image'])}" in said
             ), said
-    status = run_playbook("playbooks/status.yml")
+    status = run_playbook("playbooks/status.yml", *UNDER_KEY)
     assert status.rc != 0
     assert "the ranks are not on one image" in status.messages(), status.messages()
 
@@ -170,14 +176,14 @@ def test_a_new_image_that_does_not_serve_is_rolled_back_as_a_whole(upgrade, node
     # the CPU platform it falls back to has no Ray resource for the ranks.
     load_changed_image(nodes, DONOR, DONOR, {"dgxsim.test.donor": "no-engine"},
                        ["VLLM_PLUGINS=dgxsim-test-no-such-plugin"])  # fmt: skip
-    images = run_playbook("playbooks/images.yml")
+    images = run_playbook("playbooks/images.yml", *UNDER_KEY)
     assert images.rc == 0, images.failures() or images.raw[-3000:]
     broken = {n.name: node_image_id(n, ALIAS) for n in nodes}
     assert all(broken[n] != serving[n] for n in broken)
 
     with Client(nodes, [KEY]) as client:
         time.sleep(2)
-        run = run_playbook("deploy.yml")
+        run = run_playbook("deploy.yml", *UNDER_KEY)
         time.sleep(3)
     assert run.rc != 0
     message = "\n".join(run.failures())
@@ -189,7 +195,7 @@ def test_a_new_image_that_does_not_serve_is_rolled_back_as_a_whole(upgrade, node
     # The state, not only the words: every rank-holding container runs the image that served
     # before (the alias still names the one that failed), the same containers by name and no
     # other (the failed ones are gone, the kept one has its name back), and the driver is the
-    # previous configuration (its generation), answering the inventory's key.
+    # previous configuration (its generation), answering the module's key.
     for node in nodes:
         now = containers(node)
         assert set(now) == ranks[node.name], (node.name, now)
@@ -216,7 +222,7 @@ def test_a_deploy_that_builds_another_image_judges_nccl_on_it(upgrade, nodes):
         on_node(node, "docker", "tag", upgrade[node.name], DONOR)
         on_node(node, "sh", "-c", f"rm -f {NCCL_KEPT}/*")
     serving = {n.name: node_image_id(n, ALIAS) for n in nodes}
-    run = run_playbook("deploy.yml", "--tags", "images,ray")
+    run = run_playbook("deploy.yml", "--tags", "images,ray", *UNDER_KEY)
     assert run.rc == 0, run.failures() or run.raw[-3000:]
     for node in nodes:
         alias = node_image_id(node, ALIAS)
