@@ -19,6 +19,7 @@ import subprocess
 import pytest
 from conftest import _answers, bring_in_step, run_playbook
 from conftest import playbook_report as playbook
+from test_serving import ROTATED
 
 # The host preparation's tear-down and the deploy after it (about four minutes): a drill,
 # run by `make test-drills`, not by `make test`.
@@ -74,9 +75,10 @@ def node_state(host) -> dict:
 @pytest.fixture(scope="module")
 def answering_pair(sim, nodes):
     """The pair as it serves, whatever its record says (`make test` runs this module last,
-    after test_upgrade left its own donor's image serving): the teardown removes what serves.
-    Where the pair does not answer with the inventory's key, bring_in_step deploys it."""
-    if not _answers(nodes):
+    after test_upgrade left its own donor's image serving, under test_serving's rotated key):
+    the teardown removes what serves. Where the pair answers neither the inventory's key nor
+    the rotated one, bring_in_step deploys it."""
+    if not (_answers(nodes) or _answers(nodes, ROTATED)):
         bring_in_step("test_teardown", nodes)
     return nodes
 
