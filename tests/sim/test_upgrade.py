@@ -9,10 +9,10 @@ to (conftest's bring_in_step: the in-step check of deploy.yml, and its repair of
 earlier module left), so the upgrade's deploy.yml always starts at the images stage. Every run
 here gives that key: after test_serving's rotation the pair is then in step at once, instead
 of one more restart of the group for the inventory's key; alone, the module's first deploy.yml
-rotates to it. Afterwards the donor tag names the inventory's
-donor again, but the pair keeps serving the image built from the test's donor: the next
-deploy.yml moves it back (a run from the images stage, which builds the inventory's image again
-as the upgrade kept one build, and a restart).
+rotates to it. Afterwards the donor tag names the inventory's donor again, but the pair keeps
+serving the image built from the test's donor: the next deploy.yml moves it back (a run from
+the images stage, which builds the inventory's image again as the upgrade kept one build, and
+a restart).
 """
 
 from __future__ import annotations

@@ -114,7 +114,7 @@ def test_settings_judged_good_are_not_judged_again_until_one_changes(controller_
     # The run goes on as after a judgement: the next play is the in-step check's.
     assert plays(again)[:3] == plays(first)[:3], plays(again)
 
-    # Another good value of one setting on one node: judged again, and remembered too.
+    # Another good value of one setting: judged again, and remembered too.
     rc, other = deploy("-e", "vllm_serve_port=8001")
     assert rc == 4, other
     assert "vllm_serve" in judged(other), other
