@@ -6,6 +6,10 @@ PY      := $(VENV)/bin/python
 BIN     := $(VENV)/bin
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
+# The sim inventory keeps the nodes' sudo password vaulted, as owners keep theirs; this is the
+# sim's vault password (sim only). The demo names it on its command line.
+SIM_VAULT := $(CURDIR)/inventories/sim/vault-password
+export ANSIBLE_VAULT_PASSWORD_FILE ?= $(SIM_VAULT)
 # Each long step of demo and test is a timed phase (a line every 30 s while it runs, its
 # seconds at the end); the table of phases closes the run. Standard library only.
 PHASES  := python3 tools/phases.py
@@ -125,10 +129,10 @@ demo:
 	$(PHASES) run bootstrap -- tools/bootstrap.sh
 	$(PHASES) run venv -- $(MAKE) --no-print-directory venv
 	$(PHASES) run sim-up -- $(PY) sim/simctl.py up
-	$(PHASES) run deploy -- env ANSIBLE_CALLBACKS_ENABLED=ansible.posix.profile_roles $(BIN)/ansible-playbook -i inventories/sim deploy.yml
+	$(PHASES) run deploy -- env ANSIBLE_CALLBACKS_ENABLED=ansible.posix.profile_roles $(BIN)/ansible-playbook -i inventories/sim deploy.yml --vault-password-file $(SIM_VAULT)
 	@echo "Note: the simulated pair serves a tiny model trained at sim-up on a few scripted conversations: its answers below are known ones, proving the path through both nodes, the chat template and the parsers, not a model's knowledge."
 	$(PHASES) run chat -- $(PY) sim/chat.py
 	@$(PHASES) table
 
 teardown: venv
-	$(BIN)/ansible-playbook -i inventories/sim playbooks/teardown.yml
+	$(BIN)/ansible-playbook -i inventories/sim playbooks/teardown.yml --vault-password-file $(SIM_VAULT)

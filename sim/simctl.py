@@ -43,8 +43,10 @@ from sim_images import (  # noqa: E402
     DONOR_IMAGE,
     MONITORING_IMAGE,
     MONITORING_PACKAGES,
+    OLD_CLUSTER_IMAGE,
     build_cluster_image,
     build_donor_image,
+    build_old_cluster_image,
     build_node_image,
     build_rootfs_image,
     digest,
@@ -74,6 +76,17 @@ DIND_FLAGS = [
     "-v", "/sys/fs/cgroup:/sys/fs/cgroup:rw",
     "--tmpfs", "/run:rw,exec,mode=755",
 ]  # fmt: skip
+
+# The nodes' image store: containerd's (Docker 29's on a fresh install) unless asked otherwise.
+IMAGE_STORES = ("containerd", "classic")
+
+
+def image_store() -> str:
+    store = os.environ.get("DGXSIM_IMAGE_STORE", "containerd")
+    if store not in IMAGE_STORES:
+        raise SimError(f"DGXSIM_IMAGE_STORE is {store!r}; allowed: {', '.join(IMAGE_STORES)}")
+    return store
+
 
 MIN_FREE_GB_COLD = 30
 MIN_FREE_GB_WARM = 2
@@ -207,6 +220,7 @@ def node_args(node: Node, image: str) -> list[str]:
         "--restart", "unless-stopped", *DIND_FLAGS,
         # vLLM's shared-memory queues and --ipc host in inner containers need room.
         "--shm-size", "4g",
+        "-e", f"DGXSIM_IMAGE_STORE={image_store()}",
         "-v", f"{node.volume}:/var/lib/docker",
         "--network", MGMT_NETWORK, "--ip", node.mgmt_ip, image,
     ]  # fmt: skip
@@ -305,12 +319,12 @@ def write_known_hosts(nodes: list[Node]) -> None:
     )
 
 
-def cluster_into_nodes(fixture_inputs, nodes: list[Node]) -> None:
-    """The cluster image built, then loaded into every node once its dockerd answers."""
-    build_cluster_image(fixture_inputs)
+def old_cluster_into_nodes(fixture_inputs, nodes: list[Node]) -> None:
+    """The older base (small) built, then loaded into every node once its dockerd answers."""
+    build_old_cluster_image(fixture_inputs)
     for node in nodes:
         wait_ready(node)
-    load_into_nodes(CLUSTER_IMAGE, nodes)
+    load_into_nodes([OLD_CLUSTER_IMAGE], nodes)
 
 
 def up(monitoring_image: bool = False) -> None:
@@ -320,9 +334,9 @@ def up(monitoring_image: bool = False) -> None:
     preflight(cold=cold)
     key = ssh_key()
     # On a fresh machine: the fixtures' Debian base, wheels and source tree are made while the
-    # node image is; the cluster image (small) is built and loaded into the nodes while the
-    # donor builds (its pip install holds one core); the tiny model trains while the donor
-    # loads.
+    # node image is; the older base (small) is built and loaded into the nodes while the donor
+    # builds (its pip install holds one core); the base adds Ray to the donor's layers, and
+    # both go to the nodes in one stream while the tiny model trains.
     with ThreadPoolExecutor(max_workers=6, thread_name_prefix="sim") as pool:
         fixture_inputs = start_fixture_inputs(pool)
         node_image = build_node_image()
@@ -337,11 +351,12 @@ def up(monitoring_image: bool = False) -> None:
         ensure_networks()
         for node in nodes:
             ensure_node(node, node_image)
-        cluster_job = pool.submit(cluster_into_nodes, fixture_inputs, nodes)
+        old_cluster_job = pool.submit(old_cluster_into_nodes, fixture_inputs, nodes)
         build_donor_image(fixture_inputs)
         model = start_tiny_model()
-        cluster_job.result()
-        load_into_nodes(DONOR_IMAGE, nodes)
+        build_cluster_image(fixture_inputs)
+        old_cluster_job.result()
+        load_into_nodes([DONOR_IMAGE, CLUSTER_IMAGE], nodes)
         if monitoring_job is not None:
             monitoring_job.result()
     for node in nodes:
@@ -358,7 +373,7 @@ def monitoring(build_only: bool) -> None:
     """The monitoring image: built when its packages changed, loaded where it differs."""
     build_rootfs_image(MONITORING_IMAGE, MONITORING_PACKAGES)
     if not build_only:
-        load_into_nodes(MONITORING_IMAGE, read_nodes())
+        load_into_nodes([MONITORING_IMAGE], read_nodes())
 
 
 def down(purge: bool) -> None:

@@ -54,23 +54,28 @@ def hybrid_image_patch_registry(text, entries):
     return _wrap(hybrid_image.patch_registry, str(text), dict(entries or {}))
 
 
-def hybrid_image_preflight(found, host, strategy, inputs, base_ray="", ray_override=""):
+def hybrid_image_preflight(
+    found, host, strategy, inputs, base_ray="", ray_override="", donor_needed=True
+):
     """Errors about the input images on one node, and the Ray the cluster will run.
 
     ``found`` maps each image reference to the ID the node's Docker has ('' when absent);
-    ``inputs`` holds hybrid_image_base, hybrid_image_donor and their *_id pins.
+    ``inputs`` holds hybrid_image_base, hybrid_image_donor and their *_id pins. The donor is
+    checked only where it is needed (``donor_needed``: the base cannot import a wanted
+    architecture itself, or that is not known yet).
     """
     found = dict(found or {})
     inputs = dict(inputs or {})
     errors = []
-    for var in ("hybrid_image_base", "hybrid_image_donor"):
+    needed = ("hybrid_image_base", "hybrid_image_donor") if donor_needed else ("hybrid_image_base",)
+    for var in needed:
         ref = str(inputs.get(var) or "")
         errors += hybrid_image.check_image(
             str(host), var, ref, str(found.get(ref) or ""), f"{var}_id",
             str(inputs.get(f"{var}_id") or ""),
         )  # fmt: skip
     version, source = hybrid_image.cluster_ray(
-        str(strategy), str(base_ray or ""), str(ray_override or "")
+        str(strategy), str(base_ray or ""), str(ray_override or ""), serve_base=not donor_needed
     )
     base_id = found.get(str(inputs.get("hybrid_image_base") or ""))
     if base_id and base_ray is not None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import shlex
 import subprocess
 import sys
 import time
@@ -18,6 +17,9 @@ ROOT = Path(__file__).resolve().parents[2]
 INVENTORY = ROOT / "inventories" / "sim"
 # The Ansible of the interpreter running the tests (the project venv).
 ANSIBLE_BIN = Path(sys.executable).parent
+# The owner's sudo asks for a password on the sim nodes, as on DGX OS: every run is given the
+# sim's vault password, which opens the inventory's vaulted ansible_become_password.
+os.environ.setdefault("ANSIBLE_VAULT_PASSWORD_FILE", str(INVENTORY / "vault-password"))
 
 
 def _load(name: str, path: Path):
@@ -146,7 +148,15 @@ def images(sim):
 
 @pytest.fixture(scope="session")
 def hosts(sim, nodes):
-    """testinfra hosts over real SSH, with the key and host keys sim-up wrote."""
+    """testinfra hosts as root on each node (docker exec into the node container): what the
+    tests look at or stage. The collection itself reaches the nodes over SSH as the owner,
+    whose sudo asks for a password."""
+    return {n.name: testinfra.get_host(f"docker://{n.container}") for n in nodes}
+
+
+@pytest.fixture(scope="session")
+def owner_hosts(sim, nodes):
+    """testinfra hosts over real SSH as the owner, with the key and host keys sim-up wrote."""
     config = sim.STATE / "ssh" / "config"
     return {n.name: testinfra.get_host(f"ssh://{n.name}", ssh_config=str(config)) for n in nodes}
 
@@ -359,59 +369,111 @@ def serving_pair(deployed_pair):
 
 
 def on_node(node, *argv: str, check: bool = True, data: bytes | None = None):
-    """sudo ARGV on a node over the sim's SSH; the remote shell sees each argument quoted.
-    With ``data``, it is the command's standard input and the output stays bytes."""
-    cmd = [
-        "ssh",
-        "-F",
-        str(simctl.STATE / "ssh" / "config"),
-        node.name,
-        shlex.join(["sudo", *argv]),
-    ]
+    """ARGV as root on a node (docker exec into its container: the owner's sudo asks for a
+    password). With ``data``, it is the command's standard input and the output stays bytes."""
+    cmd = [sim_common.DOCKER, "exec", *(["-i"] if data is not None else []), node.container, *argv]
     return subprocess.run(cmd, input=data, capture_output=True, text=data is None, check=check)
+
+
+def node_image_store(node) -> str:
+    """'containerd' when the node's Docker keeps images in the containerd image store, else
+    'classic' (DGXSIM_IMAGE_STORE at sim-up)."""
+    status = on_node(node, "docker", "info", "--format", "{{json .DriverStatus}}").stdout
+    return "containerd" if "io.containerd.snapshotter" in status else "classic"
+
+
+def _tar(members: dict[str, bytes]) -> bytes:
+    import io
+    import tarfile
+
+    archive = io.BytesIO()
+    with tarfile.open(fileobj=archive, mode="w") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return archive.getvalue()
 
 
 def load_changed_image(nodes, source: str, target: str, labels: dict, env: list[str] = ()) -> str:
     """Give every node one new image under ``target``: ``source``'s layers with other labels
     (and environment), as a ``docker pull`` of a new release under the same tag would. The
-    image is a new configuration over layers every node already has, so its ID (the digest of
-    that configuration) is the same on every node and ``docker load`` reads no layer. Its
-    creation time is now's, so no earlier call gave the same ID: with a fixed one, test_upgrade
-    run alone right after `make test` loaded the donor the serving alias was already built
-    from, and the images stage rightly had nothing to rebuild."""
+    image is a new configuration over layers every node already has, so its ID is the same on
+    every node and ``docker load`` reads no layer: in the classic store a docker-save archive
+    without layers (the ID is the configuration's digest), in the containerd store an OCI
+    archive without layer blobs (the ID is the manifest's digest; the manifest comes from the
+    node's containerd). Its creation time is now's, so no earlier call gave the same ID: with a
+    fixed one, test_upgrade run alone right after `make test` loaded the donor the serving
+    alias was already built from, and the images stage rightly had nothing to rebuild."""
     import hashlib
-    import io
-    import tarfile
 
-    attrs = json.loads(on_node(nodes[0], "docker", "image", "inspect", source).stdout)[0]
-    config = dict(attrs["Config"])
-    config["Labels"] = {**(config.get("Labels") or {}), **labels}
-    config["Env"] = [*(config.get("Env") or []), *env]
+    def sha(raw: bytes) -> str:
+        return hashlib.sha256(raw).hexdigest()
+
     now = time.time_ns()
     when = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now // 10**9)) + f".{now % 10**9:09d}Z"
-    image = {
-        "architecture": attrs["Architecture"],
-        "os": attrs["Os"],
-        "created": when,
-        "config": config,
-        "rootfs": {"type": "layers", "diff_ids": attrs["RootFS"]["Layers"]},
-        "history": [
-            {"created": when, "comment": "dgx_spark.cluster sim test: " + json.dumps(labels)}
-        ],
-    }
-    raw = json.dumps(image, sort_keys=True).encode()
-    digest = hashlib.sha256(raw).hexdigest()
-    layers = [f"{d.split(':', 1)[1]}/layer.tar" for d in attrs["RootFS"]["Layers"]]
-    manifest = json.dumps([{"Config": f"{digest}.json", "RepoTags": [target], "Layers": layers}])
-    archive = io.BytesIO()
-    with tarfile.open(fileobj=archive, mode="w") as tar:
-        for name, data in ((f"{digest}.json", raw), ("manifest.json", manifest.encode())):
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
+    history = {"created": when, "comment": "dgx_spark.cluster sim test: " + json.dumps(labels)}
+
+    def changed(config: dict) -> dict:
+        return {
+            **config,
+            "Labels": {**(config.get("Labels") or {}), **labels},
+            "Env": [*(config.get("Env") or []), *env],
+        }
+
+    if node_image_store(nodes[0]) == "containerd":
+        ctr = ["ctr", "--address", "/run/docker/containerd/containerd.sock", "-n", "moby"]
+        source_id = node_image_id(nodes[0], source)
+        manifest = json.loads(on_node(nodes[0], *ctr, "content", "get", source_id).stdout)
+        image = json.loads(
+            on_node(nodes[0], *ctr, "content", "get", manifest["config"]["digest"]).stdout
+        )
+        image = {**image, "created": when, "config": changed(image["config"]),
+                 "history": [*image.get("history", []), history]}  # fmt: skip
+        raw_config = json.dumps(image, sort_keys=True).encode()
+        manifest["config"] = {**manifest["config"], "digest": f"sha256:{sha(raw_config)}",
+                              "size": len(raw_config)}  # fmt: skip
+        raw_manifest = json.dumps(manifest, sort_keys=True).encode()
+        name, tag = target.rsplit(":", 1)
+        index = {
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.index.v1+json",
+            "manifests": [{
+                "mediaType": manifest["mediaType"],
+                "digest": f"sha256:{sha(raw_manifest)}",
+                "size": len(raw_manifest),
+                "annotations": {
+                    "io.containerd.image.name": f"docker.io/library/{name}:{tag}"
+                    if "/" not in name else f"docker.io/{name}:{tag}",
+                    "org.opencontainers.image.ref.name": tag,
+                },
+            }],
+        }  # fmt: skip
+        archive = _tar({
+            "oci-layout": b'{"imageLayoutVersion": "1.0.0"}',
+            "index.json": json.dumps(index).encode(),
+            f"blobs/sha256/{sha(raw_config)}": raw_config,
+            f"blobs/sha256/{sha(raw_manifest)}": raw_manifest,
+        })  # fmt: skip
+        image_id = f"sha256:{sha(raw_manifest)}"
+    else:
+        attrs = json.loads(on_node(nodes[0], "docker", "image", "inspect", source).stdout)[0]
+        image = {
+            "architecture": attrs["Architecture"],
+            "os": attrs["Os"],
+            "created": when,
+            "config": changed(dict(attrs["Config"])),
+            "rootfs": {"type": "layers", "diff_ids": attrs["RootFS"]["Layers"]},
+            "history": [history],
+        }
+        raw = json.dumps(image, sort_keys=True).encode()
+        layers = [f"{d.split(':', 1)[1]}/layer.tar" for d in attrs["RootFS"]["Layers"]]
+        manifest = [{"Config": f"{sha(raw)}.json", "RepoTags": [target], "Layers": layers}]
+        archive = _tar({f"{sha(raw)}.json": raw, "manifest.json": json.dumps(manifest).encode()})
+        image_id = f"sha256:{sha(raw)}"
     for node in nodes:
-        on_node(node, "docker", "load", data=archive.getvalue())
-    return f"sha256:{digest}"
+        on_node(node, "docker", "load", data=archive)
+    return image_id
 
 
 def node_image_id(node, ref: str) -> str:

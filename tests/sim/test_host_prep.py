@@ -140,22 +140,24 @@ def test_fast_link_names_in_etc_hosts(runs, hosts, nodes):
             assert resolved[0] == other.fast_ip
 
 
-def test_node_to_node_ssh_over_fast_names(runs, hosts, nodes):
+def test_node_to_node_ssh_over_fast_names(runs, owner_hosts, nodes):
     strict = "ssh -o BatchMode=yes -o StrictHostKeyChecking=yes -o ConnectTimeout=5"
     for node in nodes:
         for peer in nodes:  # its own fast names too, as mpirun may use them for the local rank
             for name in (f"{peer.name}-fast", f"{peer.name}-fast-1", peer.fast_ip, peer.name):
-                got = hosts[node.name].run(f"{strict} {name} hostname")
+                got = owner_hosts[node.name].run(f"{strict} {name} hostname")
                 assert got.rc == 0, f"{node.name} -> {name}: {got.stderr}"
                 assert got.stdout.strip() == peer.name
             # Only the pinned names are trusted: the management address was never pinned.
-            unpinned = hosts[node.name].run(f"{strict} {peer.mgmt_ip} true 2>&1; echo exit=$?")
+            unpinned = owner_hosts[node.name].run(
+                f"{strict} {peer.mgmt_ip} true 2>&1; echo exit=$?"
+            )
             assert "Host key verification failed" in unpinned.stdout
             assert unpinned.stdout.strip().endswith("exit=255")
 
 
-def test_docker_usable_by_the_owner_without_sudo(runs, hosts):
-    for name, host in hosts.items():
+def test_docker_usable_by_the_owner_without_sudo(runs, owner_hosts):
+    for name, host in owner_hosts.items():
         got = host.run("docker info --format '{{.ServerVersion}}'")
         assert got.rc == 0, f"{name}: {got.stderr}"
         assert "docker" in host.user("spark").groups

@@ -27,6 +27,11 @@ if not (_LINK / "galaxy.yml").is_file():
         "(mkdir -p collections/ansible_collections/dgx_spark && "
         "ln -s ../../.. collections/ansible_collections/dgx_spark/cluster)"
     )
+# The sim inventory's vaulted sudo password (inventories/sim/group_vars/sparks/vault.yml): every
+# ansible run against it, here or in a child process, needs the sim's vault password.
+os.environ.setdefault(
+    "ANSIBLE_VAULT_PASSWORD_FILE", str(REPO_ROOT / "inventories" / "sim" / "vault-password")
+)
 if str(COLLECTIONS) not in sys.path:
     sys.path.insert(0, str(COLLECTIONS))
 # Shared test helpers: tests/unit/support.

@@ -34,6 +34,17 @@ SIM_ONLY = {
 }
 
 
+class _Loader(yaml.SafeLoader):
+    """YAML as Ansible reads it here: a vaulted value (the sim's sudo password) stays opaque."""
+
+
+_Loader.add_constructor("!vault", lambda loader, node: "<vaulted>")
+
+
+def load(path: Path):
+    return yaml.load(path.read_text(encoding="utf-8"), Loader=_Loader)  # noqa: S506
+
+
 def group_var_files(inventory: str) -> list[Path]:
     """group_vars/all first, then the groups below it, as Ansible applies them."""
     base = INVENTORIES / inventory / "group_vars"
@@ -44,7 +55,7 @@ def settings(inventory: str) -> dict:
     """The serving settings an inventory ends with: the roles' defaults, then its group_vars."""
     merged: dict = {}
     for path in [*sorted(ROOT.glob("roles/*/defaults/main.yml")), *group_var_files(inventory)]:
-        merged.update(yaml.safe_load(path.read_text(encoding="utf-8")) or {})
+        merged.update(load(path) or {})
     return {name: shared(value, merged) for name, value in merged.items() if SERVING.search(name)}
 
 
@@ -93,3 +104,48 @@ def test_the_sim_serves_real_weights_with_the_sparks_parsers():
         "vllm_serve_enable_prefix_caching",
     ):
         assert sim[name] == settings("sparks")[name], name
+
+
+def container_settings(inventory: str) -> dict:
+    merged: dict = {}
+    for path in group_var_files(inventory):
+        merged.update(load(path) or {})
+    return {
+        k: v
+        for k, v in merged.items()
+        if k.startswith("spark_container_")
+        and k.endswith(("devices", "capabilities", "ulimits", "device_requests"))
+    }
+
+
+def test_the_sim_applies_the_sparks_container_device_settings():
+    """The Ray and serving containers are made with the Sparks' RDMA devices, capabilities and
+    the same limits (at values the sim's nodes can grant); only the GPU request is left out,
+    which needs NVIDIA's runtime (tests/unit/roles/test_container_gpu_request.py)."""
+    sim, sparks = container_settings("sim"), container_settings("sparks")
+    assert sim["spark_container_devices"] == sparks["spark_container_devices"]
+    assert sim["spark_container_capabilities"] == sparks["spark_container_capabilities"]
+
+    def names(limits):
+        return sorted(limit.split(":", 1)[0] for limit in limits)
+
+    assert names(sim["spark_container_ulimits"]) == names(sparks["spark_container_ulimits"])
+    assert "spark_container_device_requests" in sparks
+    assert "spark_container_device_requests" not in sim
+
+
+def test_the_vaulted_sudo_password_opens_with_the_sims_vault_password(sim_images):
+    """The sim inventory gives the owner's sudo password as the README tells owners to: vaulted
+    as ansible_become_password; the sim's vault password opens it to what the nodes were built
+    with."""
+    from ansible.parsing.vault import VaultLib, VaultSecret
+
+    raw = yaml.safe_load(
+        (INVENTORIES / "sim/group_vars/sparks/vault.yml")
+        .read_text(encoding="utf-8")
+        .replace("!vault |", "|")
+    )["ansible_become_password"]
+    assert raw.startswith("$ANSIBLE_VAULT;")
+    secret = (INVENTORIES / "sim" / "vault-password").read_bytes().strip()
+    vault = VaultLib([("default", VaultSecret(secret))])
+    assert vault.decrypt(raw).decode() == sim_images.SUDO_PASSWORD
