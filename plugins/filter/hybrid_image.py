@@ -67,13 +67,15 @@ def hybrid_image_preflight(
     found = dict(found or {})
     inputs = dict(inputs or {})
     errors = []
-    needed = ("hybrid_image_base", "hybrid_image_donor") if donor_needed else ("hybrid_image_base",)
-    for var in needed:
-        ref = str(inputs.get(var) or "")
+    for var in ("hybrid_image_base", "hybrid_image_donor"):
+        ref, pin = str(inputs.get(var) or ""), str(inputs.get(f"{var}_id") or "")
+        if var == "hybrid_image_donor" and not donor_needed:
+            # Not read, so not required on the node; a malformed pin is still refused.
+            errors += hybrid_image.check_pin(str(host), ref, f"{var}_id", pin)
+            continue
         errors += hybrid_image.check_image(
-            str(host), var, ref, str(found.get(ref) or ""), f"{var}_id",
-            str(inputs.get(f"{var}_id") or ""),
-        )  # fmt: skip
+            str(host), var, ref, str(found.get(ref) or ""), f"{var}_id", pin
+        )
     version, source = hybrid_image.cluster_ray(
         str(strategy), str(base_ray or ""), str(ray_override or ""), serve_base=not donor_needed
     )

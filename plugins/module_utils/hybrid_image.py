@@ -424,14 +424,9 @@ def check_image(host: str, var: str, ref: str, found_id: str, pin_var: str, pin:
     ``ref`` may be ``name:tag`` or ``name@sha256:<digest>`` (a registry digest, which pins
     the content by itself); ``pin`` an image ID (``sha256:<64 hex>``) or empty.
     """
-    errors = []
     if not ref:
         return [f"{host}: {var} is empty; it must name an image ({HOW_TO_GET.get(var, '')})"]
-    if pin and not _IMAGE_ID.match(pin):
-        errors.append(
-            f"{host}: {pin_var} ({pin}) must be an image ID, sha256: and 64 hex digits "
-            f"(docker image inspect --format '{{{{.Id}}}}' {ref})"
-        )
+    errors = check_pin(host, ref, pin_var, pin)
     if not found_id:
         errors.append(f"{host}: {var} ({ref}) is not on this node: {HOW_TO_GET.get(var, '')}")
     elif pin and _IMAGE_ID.match(pin) and found_id != pin:
@@ -440,6 +435,16 @@ def check_image(host: str, var: str, ref: str, found_id: str, pin_var: str, pin:
             f"pinned image on {host}, or change {pin_var}"
         )
     return errors
+
+
+def check_pin(host: str, ref: str, pin_var: str, pin: str) -> list[str]:
+    """A pin, when given, must be an image ID."""
+    if pin and not _IMAGE_ID.match(pin):
+        return [
+            f"{host}: {pin_var} ({pin}) must be an image ID, sha256: and 64 hex digits "
+            f"(docker image inspect --format '{{{{.Id}}}}' {ref})"
+        ]
+    return []
 
 
 def is_pinned(ref: str, pin: str) -> bool:

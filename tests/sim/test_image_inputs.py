@@ -1,6 +1,8 @@
 """The serving image's inputs on the simulated pair: preflight refuses missing, moved or
 Ray-less inputs on every node before any change, naming the variable, the node and what to
-do; and a base whose own vLLM imports the wanted architectures is served as it is."""
+do; a base whose own vLLM imports the wanted architectures is served as it is, and then the
+donor is neither required nor pulled. The cases that need the donor take the older base
+(vllm-node:0.14.1), which cannot import the tiny model's architecture."""
 
 from __future__ import annotations
 
@@ -8,11 +10,12 @@ import json
 import shlex
 
 import pytest
+from conftest import load_changed_image, on_node, run_ansible, sim_images
 from conftest import playbook_report as playbook
-from conftest import run_ansible
 
 ALIAS = "dgx-spark/vllm-serving:current"
 TEST_NAME = "dgx-spark/vllm-serving-inputs-test"
+OLDER_BASE = ("-e", "hybrid_image_base=vllm-node:0.14.1-ray2.60.0")
 
 
 def results(report: dict):
@@ -28,7 +31,7 @@ def failures(report: dict) -> dict[str, str]:
 
 
 def image_id(host, ref: str) -> str:
-    got = host.run(f"sudo docker image inspect --format '{{{{.Id}}}}' {ref}")
+    got = host.run(f"docker image inspect --format '{{{{.Id}}}}' {ref}")
     return got.stdout.strip() if got.rc == 0 else ""
 
 
@@ -38,8 +41,8 @@ BAD_INPUTS = {
         ["-e", "hybrid_image_strategy=fancy"],
         "value of hybrid_image_strategy must be one of: overlay, transplant, got: fancy",
     ),
-    "donor missing on the nodes": (
-        ["-e", "hybrid_image_donor=nosuch/donor:1"],
+    "donor missing where the base needs it": (
+        [*OLDER_BASE, "-e", "hybrid_image_donor=nosuch/donor:1"],
         "hybrid_image_donor (nosuch/donor:1) is not on this node: pull it on the node",
     ),
     "base pinned to another image": (
@@ -50,13 +53,13 @@ BAD_INPUTS = {
         ["-e", "hybrid_image_donor_id=latest"],
         "hybrid_image_donor_id (latest) must be an image ID, sha256: and 64 hex digits",
     ),
-    "Ray without token authentication": (
-        ["-e", "hybrid_image_ray_version=2.49.0"],
+    "Ray without token authentication (the overlay's)": (
+        [*OLDER_BASE, "-e", "hybrid_image_ray_version=2.49.0"],
         "has Ray 2.49.0; the cluster's token authentication (RAY_AUTH_MODE=token) needs Ray "
         "2.52.0 or newer",
     ),
     "pull asked for, registry out of reach": (
-        ["-e", "hybrid_image_donor=nosuch/donor:1", "-e", "hybrid_image_pull=true"],
+        [*OLDER_BASE, "-e", "hybrid_image_donor=nosuch/donor:1", "-e", "hybrid_image_pull=true"],
         "could not pull: Error pulling ",
     ),
 }
@@ -81,6 +84,25 @@ def test_preflight_refuses_bad_image_inputs_on_every_node(sim, case):
     }
     ran = {name for name, _host, res in results(report) if not res.get("skipped")}
     assert "Gather the network facts the links are checked against" not in ran, sorted(ran)
+
+
+def test_a_base_that_serves_as_it_is_needs_no_donor(sim):
+    """The sim's base imports the tiny model's architecture, as a Spark owner's vllm-node imports
+    Qwen3.5: preflight passes with the donor absent from every node and never asks for it (a
+    pull would fail here, as the pair reaches no registry)."""
+    absent = "nosuch/donor:1"
+    report = playbook(
+        "playbooks/preflight.yml", "--tags", "images",
+        *("-e", f"hybrid_image_donor={absent}", "-e", "hybrid_image_pull=true"),
+    )  # fmt: skip
+    assert report["rc"] == 0, failures(report)
+    said = {host: res.get("msg", "") for name, host, res in results(report)
+            if name.startswith("Require the base, the donor where it is needed")}  # fmt: skip
+    assert sorted(said) == ["spark-1", "spark-2"], said
+    for message in said.values():
+        assert "imports Qwen3MoeForCausalLM itself, so the donor is not needed" in message, message
+    pulls = [res for name, _h, res in results(report) if name.startswith("Pull the donor")]
+    assert pulls and all(res.get("skipped") for res in pulls), pulls
 
 
 NO_SDK_VENV = "/tmp/dgxsim-test-nosdk"
@@ -130,40 +152,40 @@ def test_preflight_without_the_docker_sdk_leaves_the_base_to_the_images_stage(
     }
 
 
-def test_base_served_as_it_is_must_be_the_same_image_on_every_node(pair_with_images, hosts):
-    """Each node built its own serving image (each_node), so their IDs differ: serving that
-    image as a base would run mixed versions, and the role refuses before moving any alias."""
-    ids = {name: image_id(host, ALIAS) for name, host in hosts.items()}
-    assert "" not in ids.values() and len(set(ids.values())) == 2, ids
+def test_base_served_as_it_is_must_be_the_same_image_on_every_node(pair_with_images, hosts, nodes):
+    """A base under one name that is another image on each node (here the sim's base on the
+    head, the same layers with another configuration on the worker, as a node rebuilt on its
+    own would have): serving it would run mixed versions, and the role refuses before moving
+    any alias."""
+    mixed = "dgxsim-test/base:mixed"
     test_alias = f"{TEST_NAME}:current"
+    on_node(nodes[0], "docker", "tag", sim_images.CLUSTER_IMAGE, mixed)
+    load_changed_image(nodes[1:], sim_images.CLUSTER_IMAGE, mixed, {"dgxsim.test": "mixed"})
+    ids = {name: image_id(host, mixed) for name, host in hosts.items()}
+    assert "" not in ids.values() and len(set(ids.values())) == 2, ids
     try:
         report = playbook(
             "playbooks/images.yml",
-            *("-e", f"hybrid_image_base={ALIAS}", "-e", f"hybrid_image_name={TEST_NAME}"),
+            *("-e", f"hybrid_image_base={mixed}", "-e", f"hybrid_image_name={TEST_NAME}"),
         )
         assert report["rc"] != 0
         (message,) = failures(report).values()
-        assert f"The nodes have different images under {ALIAS}" in message, message
+        assert f"The nodes have different images under {mixed}" in message, message
         assert "pin it with hybrid_image_base_id" in message
         for name, host in hosts.items():
             assert image_id(host, test_alias) == "", f"{name}: the alias moved"
     finally:
         for host in hosts.values():
-            host.run(f"sudo docker image rm {test_alias}")
+            host.run(f"docker image rm {test_alias} {mixed}")
 
 
 def test_base_that_imports_the_architectures_is_served_as_it_is(pair_with_images, hosts):
-    """The current serving image (Ray 2.60, vLLM 0.32 CPU) stands in for a base that already
-    knows the wanted architectures, on one node (the nodes' copies differ, see above); the
-    alias goes under a test name, and nothing is built."""
+    """The sim's base (Ray 2.60, vLLM 0.32 CPU in the system Python) knows the wanted
+    architectures: the alias (under a test name) points at it on every node, and nothing is
+    built and the donor is not read."""
     test_alias = f"{TEST_NAME}:current"
-    host = hosts["spark-1"]
     try:
-        report = playbook(
-            "playbooks/images.yml",
-            *("-e", f"hybrid_image_base={ALIAS}", "-e", f"hybrid_image_name={TEST_NAME}"),
-            *("--limit", "spark-1"),
-        )
+        report = playbook("playbooks/images.yml", "-e", f"hybrid_image_name={TEST_NAME}")
         assert report["rc"] == 0, failures(report)
         ran = {name for name, _host, res in results(report) if not res.get("skipped")}
         assert "Point the serving alias at the base" in ran
@@ -171,6 +193,8 @@ def test_base_that_imports_the_architectures_is_served_as_it_is(pair_with_images
         assert "Read the donor's model registry against the base's" not in ran
         said = " ".join(str(res.get("msg", "")) for _n, _h, res in results(report))
         assert "imports Qwen3MoeForCausalLM itself: it is served as it is" in said
-        assert image_id(host, test_alias) == image_id(host, ALIAS) != ""
+        for host in hosts.values():
+            assert image_id(host, test_alias) == image_id(host, sim_images.CLUSTER_IMAGE) != ""
     finally:
-        host.run(f"sudo docker image rm {test_alias}")
+        for host in hosts.values():
+            host.run(f"docker image rm {test_alias}")

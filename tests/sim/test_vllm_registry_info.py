@@ -1,7 +1,9 @@
 """dgx_spark.cluster.vllm_registry_info on the simulated pair, against the fixture images.
 
-vllm-node holds vLLM 0.14.1's sources (no torch), before Qwen3.5; vllm-donor holds a real
-vLLM 0.32.0 CPU build without torchvision, so Qwen3.5's classes cannot import there.
+Both layouts an image may hold Python in: the older base (vllm-node:0.14.1) keeps vLLM 0.14.1's
+sources (no torch, before Qwen3.5) in a virtualenv under /opt/ray; the donor and the base over
+it (vllm-node:0.32.0) keep a real vLLM 0.32.0 CPU build without torchvision in the system
+Python's dist-packages, as CUDA images do, so Qwen3.5's classes cannot import there.
 """
 
 from __future__ import annotations
@@ -28,8 +30,11 @@ def ok(result: dict) -> dict:
     return result
 
 
+SYSTEM_SITE = "/usr/local/lib/python3.11/dist-packages"
+
+
 def test_static_read_tells_the_images_apart(ansible, images):
-    node = ok(info(ansible, image=images.CLUSTER_IMAGE, architectures=[QWEN35_MOE, QWEN3_MOE]))
+    node = ok(info(ansible, image=images.OLD_CLUSTER_IMAGE, architectures=[QWEN35_MOE, QWEN3_MOE]))
     assert node["node"] == NODE
     assert node["versions"]["vllm"] == images.OLD_VLLM_VERSION
     assert node["versions"]["torch"] is None
@@ -42,7 +47,8 @@ def test_static_read_tells_the_images_apart(ansible, images):
     donor = ok(info(ansible, image=images.DONOR_IMAGE, architectures=[QWEN35_MOE]))
     assert donor["versions"]["vllm"] == f"{images.VLLM_CPU_VERSION}+cpu"
     assert donor["versions"]["torch"].endswith("+cpu")
-    assert donor["python"]["executable"] == "/opt/vllm/bin/python3"
+    assert donor["python"]["executable"] == "/usr/bin/python3"
+    assert donor["vllm_path"] == f"{SYSTEM_SITE}/vllm"
     assert donor["checked"][QWEN35_MOE] == {
         "status": "present",
         "module": "vllm.model_executor.models.qwen3_5",
@@ -55,9 +61,16 @@ def test_static_read_tells_the_images_apart(ansible, images):
     assert donor["image_id"].startswith("sha256:")
     assert f"{QWEN35_MOE}  present" in donor["table"]
 
+    base = ok(info(ansible, image=images.CLUSTER_IMAGE, architectures=[QWEN3_MOE]))
+    assert base["python"]["executable"] == "/usr/bin/python3"
+    assert base["vllm_path"] == f"{SYSTEM_SITE}/vllm"
+    assert base["versions"]["vllm"] == donor["versions"]["vllm"]
+    assert base["versions"]["ray"] == images.RAY_VERSION
+    assert base["checked"][QWEN3_MOE]["status"] == "present"
+
 
 def test_compare_to_lists_the_architecture_with_its_files(ansible, images):
-    result = ok(info(ansible, image=images.DONOR_IMAGE, compare_to=images.CLUSTER_IMAGE))
+    result = ok(info(ansible, image=images.DONOR_IMAGE, compare_to=images.OLD_CLUSTER_IMAGE))
     comparison = result["comparison"]
     only_donor = comparison["architectures"]["only_in_image"]
     assert only_donor[QWEN35_MOE]["file"] == "vllm/model_executor/models/qwen3_5.py"
@@ -84,7 +97,9 @@ def test_import_mode_reports_the_real_exception_without_failing(ansible, images)
 
 
 def test_import_mode_on_an_image_without_torch(ansible, images):
-    result = ok(info(ansible, image=images.CLUSTER_IMAGE, mode="import", architectures=[QWEN3_MOE]))
+    result = ok(
+        info(ansible, image=images.OLD_CLUSTER_IMAGE, mode="import", architectures=[QWEN3_MOE])
+    )
     assert result["registry_import_error"] == "ModuleNotFoundError: No module named 'torch'"
     assert result["checked"][QWEN3_MOE]["status"] == "import_error"
 
@@ -119,7 +134,7 @@ def test_image_not_on_the_node(ansible):
 
 @pytest.fixture
 def no_vllm_image(ansible, images):
-    """The cluster image with its vllm package removed, in spark-1's daemon only."""
+    """The base (system Python) with its vllm package removed, in spark-1's daemon only."""
 
     def sh(command: str) -> dict:
         return ansible(NODE, "ansible.builtin.shell", command, "--become")[NODE]
@@ -127,7 +142,7 @@ def no_vllm_image(ansible, images):
     made = sh(
         f"docker rm -f dgxsim-test-novllm >/dev/null 2>&1; "
         f"docker run --name dgxsim-test-novllm --entrypoint rm {images.CLUSTER_IMAGE} "
-        "-rf /opt/ray/lib/python3.11/site-packages/vllm "
+        f"-rf {SYSTEM_SITE}/vllm "
         f"&& docker commit dgxsim-test-novllm {NO_VLLM_IMAGE} >/dev/null"
     )
     try:
@@ -140,7 +155,7 @@ def no_vllm_image(ansible, images):
 def test_no_vllm_in_the_image(ansible, no_vllm_image):
     msg = failed(info(ansible, image=no_vllm_image))
     assert msg.startswith(f"image {no_vllm_image} on node {NODE} has no vLLM: ")
-    assert "/opt/ray/bin/python3" in msg
+    assert "/usr/bin/python3" in msg
     assert "name it with the python option" in msg
 
 

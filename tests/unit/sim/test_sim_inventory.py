@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from support.vaulted_yaml import load
 
 ROOT = Path(__file__).resolve().parents[3]
 INVENTORIES = ROOT / "inventories"
@@ -32,17 +33,6 @@ SIM_ONLY = {
     "vllm_serve_start_stall_timeout": "no step of the tiny model's start waits a minute",
     "vllm_serve_watchdog_interval": "the drills finish sooner",
 }
-
-
-class _Loader(yaml.SafeLoader):
-    """YAML as Ansible reads it here: a vaulted value (the sim's sudo password) stays opaque."""
-
-
-_Loader.add_constructor("!vault", lambda loader, node: "<vaulted>")
-
-
-def load(path: Path):
-    return yaml.load(path.read_text(encoding="utf-8"), Loader=_Loader)  # noqa: S506
 
 
 def group_var_files(inventory: str) -> list[Path]:

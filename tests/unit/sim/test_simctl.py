@@ -161,7 +161,7 @@ def up_steps(simctl, monkeypatch):
             if name == "rootfs":
                 calls.append(f"rootfs {args[0]}")
             elif name == "load_into_nodes":
-                calls.append(f"load {args[0]}")
+                calls.append(f"load {' '.join(args[0])}")
             else:
                 calls.append(name)
             return result
@@ -169,7 +169,8 @@ def up_steps(simctl, monkeypatch):
         return step
 
     for name in ("preflight", "probe_capabilities", "ensure_networks", "ensure_node",
-                 "build_donor_image", "build_cluster_image", "wait_ready", "authorize",
+                 "build_donor_image", "build_cluster_image", "build_old_cluster_image",
+                 "wait_ready", "authorize",
                  "write_known_hosts", "load_into_nodes", "finish_tiny_model",
                  "start_fixture_inputs", "start_tiny_model", "image_id"):  # fmt: skip
         monkeypatch.setattr(simctl, name, record(name))
@@ -195,35 +196,55 @@ def test_up_builds_the_monitoring_image_after_the_node_image_only_when_asked(
         assert calls.index(monitoring) < calls.index("finish_tiny_model"), calls
 
 
-def test_up_loads_the_cluster_image_into_the_nodes_while_the_donor_builds(
+def test_up_loads_the_older_base_into_the_nodes_while_the_donor_builds(
     simctl, up_steps, monkeypatch
 ):
-    """The cluster image is small: it is built, and loaded once each node's dockerd answers,
+    """The older base is small: it is built, and loaded once each node's dockerd answers,
     during the donor's build (a donor that waits for that load would otherwise never end).
-    The donor is loaded once built, the tiny model training meanwhile."""
+    The base (Ray over the donor's layers) is built after the donor, and both are loaded in one
+    stream, the tiny model training meanwhile."""
     import threading
 
-    cluster_loaded = threading.Event()
+    old_loaded = threading.Event()
     load = up_steps.record("load_into_nodes")
 
-    def load_into_nodes(image, nodes):
-        load(image, nodes)
-        if image == simctl.CLUSTER_IMAGE:
-            cluster_loaded.set()
+    def load_into_nodes(images, nodes):
+        load(images, nodes)
+        if images == [simctl.OLD_CLUSTER_IMAGE]:
+            old_loaded.set()
 
     def build_donor_image(_inputs):
-        assert cluster_loaded.wait(10), "the cluster image waited for the donor"
+        assert old_loaded.wait(10), "the older base waited for the donor"
         up_steps.calls.append("build_donor_image")
 
     monkeypatch.setattr(simctl, "load_into_nodes", load_into_nodes)
     monkeypatch.setattr(simctl, "build_donor_image", build_donor_image)
     simctl.up()
     calls = up_steps.calls
-    cluster, donor = f"load {simctl.CLUSTER_IMAGE}", f"load {simctl.DONOR_IMAGE}"
-    assert calls.count(cluster) == calls.count(donor) == 1, calls
+    old = f"load {simctl.OLD_CLUSTER_IMAGE}"
+    both = f"load {simctl.DONOR_IMAGE} {simctl.CLUSTER_IMAGE}"
+    assert calls.count(old) == calls.count(both) == 1, calls
     first_ready = calls.index("wait_ready")
-    assert calls.index("ensure_node") < calls.index("build_cluster_image") < first_ready
-    assert calls[first_ready : calls.index(cluster)].count("wait_ready") == 2, calls
-    assert calls.index(cluster) < calls.index("build_donor_image") < calls.index(donor), calls
-    assert calls.index("start_tiny_model") < calls.index(donor) < calls.index("finish_tiny_model")
-    assert calls.index(donor) < calls.index("authorize"), calls
+    assert calls.index("ensure_node") < calls.index("build_old_cluster_image") < first_ready
+    assert calls[first_ready : calls.index(old)].count("wait_ready") == 2, calls
+    assert calls.index(old) < calls.index("build_donor_image") < calls.index("build_cluster_image")
+    assert calls.index("build_cluster_image") < calls.index(both), calls
+    assert calls.index("start_tiny_model") < calls.index(both) < calls.index("finish_tiny_model")
+    assert calls.index(both) < calls.index("authorize"), calls
+
+
+@pytest.mark.parametrize("store", ["containerd", "classic"])
+def test_the_nodes_image_store_is_a_setting_of_the_node(simctl, monkeypatch, store):
+    """containerd's image store by default (Docker 29 on a fresh install); a change recreates
+    the nodes, since the node's arguments are its inputs."""
+    monkeypatch.setenv("DGXSIM_IMAGE_STORE", store)
+    node = simctl.Node("spark-1", "172.30.240.11", "172.30.241.11")
+    assert f"DGXSIM_IMAGE_STORE={store}" in simctl.node_args(node, "dgxsim-node:trixie")
+
+
+def test_an_unknown_image_store_is_refused(simctl, monkeypatch):
+    monkeypatch.setenv("DGXSIM_IMAGE_STORE", "zfs")
+    with pytest.raises(
+        simctl.SimError, match="DGXSIM_IMAGE_STORE is 'zfs'; allowed: containerd, classic"
+    ):
+        simctl.image_store()

@@ -36,3 +36,11 @@ def test_the_donor_is_required_where_the_base_lacks_an_architecture():
 def test_the_base_is_always_required():
     errors = preflight({}, donor_needed=False)["errors"]
     assert [e.split(" (", 1)[0] for e in errors] == ["spark-1: hybrid_image_base"]
+
+
+def test_a_malformed_donor_pin_is_refused_even_where_the_donor_is_not_needed():
+    inputs = {**INPUTS, "hybrid_image_donor_id": "latest"}
+    checked = hi.hybrid_image_preflight(
+        {BASE: BASE_ID}, "spark-1", "overlay", inputs, "2.60.0", "", False
+    )
+    assert [e.split(" (", 1)[0] for e in checked["errors"]] == ["spark-1: hybrid_image_donor_id"]

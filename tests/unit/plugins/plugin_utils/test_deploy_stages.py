@@ -12,6 +12,7 @@ import yaml
 from ansible.errors import AnsibleFilterError
 from ansible_collections.dgx_spark.cluster.plugins.filter import deploy_state as filters
 from ansible_collections.dgx_spark.cluster.plugins.plugin_utils import deploy_stages as ds
+from support import vaulted_yaml
 
 ROOT = Path(__file__).resolve().parents[4]
 EVERY_STAGE = ["host_prep", "images", "model", "ray", "serve", "monitoring"]
@@ -366,7 +367,7 @@ def _setting_names() -> set[str]:
         for spec in (yaml.safe_load(path.read_text())["argument_specs"]).values():
             names |= set(spec.get("options") or {})
     for path in sorted(ROOT.glob("inventories/*/**/*.yml")):
-        data = yaml.safe_load(path.read_text())
+        data = vaulted_yaml.load(path)
         if isinstance(data, dict):
             names |= set(data)
     return {name for name in names if ds.load().settings.fullmatch(name)}
