@@ -82,23 +82,58 @@ def test_fast_link_reaches_the_peer_with_jumbo_frames(hosts, nodes):
     assert too_big.rc != 0
 
 
-@pytest.mark.parametrize("image_attr", ["CLUSTER_IMAGE", "DONOR_IMAGE"])
+@pytest.mark.parametrize("image_attr", ["CLUSTER_IMAGE", "DONOR_IMAGE", "OLD_CLUSTER_IMAGE"])
 def test_fixture_images_present_on_both(hosts, images, image_attr):
+    """Known by the inputs label: in the nodes' containerd image store a loaded image has
+    another ID than on this machine's Docker, but the same one on both nodes."""
     image = getattr(images, image_attr)
-    wanted = images.image_id(image)
+    wanted = images.image_label(image)
     assert wanted, f"{image} was not built on the host"
+    form = f'{{{{index .Config.Labels "{images.INPUTS_LABEL}"}}}} {{{{.Id}}}}'
+    ids = set()
     for name, host in hosts.items():
-        got = host.run(f"sudo docker image inspect -f '{{{{.Id}}}}' {image}")
+        got = host.run(f"docker image inspect -f '{form}' {image}")
         assert got.rc == 0, f"{image} missing on {name}"
-        assert got.stdout.strip() == wanted, f"{name} has another {image}"
+        label, image_id = got.stdout.split()
+        assert label == wanted, f"{name} has another {image}"
+        ids.add(image_id)
+    assert len(ids) == 1, ids
 
 
-def test_cluster_image_has_ray_and_old_vllm_registry(hosts, images):
+def test_nodes_keep_images_in_the_containerd_store(hosts):
+    """As Docker 29 does on a fresh install (DGX OS): the sim's default image store."""
+    for name, host in hosts.items():
+        status = host.check_output("docker info --format '{{json .DriverStatus}}'")
+        assert "io.containerd.snapshotter.v1" in status, f"{name}: {status}"
+
+
+def test_older_base_has_ray_and_old_vllm_registry_in_a_virtualenv(hosts, images):
     out = hosts["spark-1"].check_output(
-        f"sudo docker run --rm {images.CLUSTER_IMAGE} python3 -c "
-        '\'import importlib.metadata as m; print(m.version("ray"), m.version("vllm"))\''
+        f"docker run --rm {images.OLD_CLUSTER_IMAGE} python3 -c "
+        "'import importlib.metadata as m, sys; "
+        'print(m.version("ray"), m.version("vllm"), sys.prefix)\''
     )
-    assert out.split() == [images.RAY_VERSION, images.OLD_VLLM_VERSION]
+    assert out.split() == [images.RAY_VERSION, images.OLD_VLLM_VERSION, "/opt/ray"]
+
+
+def test_base_is_a_cuda_images_layout_with_ray_and_vllm_in_the_system_python(hosts, images):
+    """As the base owners build: NVIDIA's entrypoint script, no virtualenv, Ray and a vLLM that
+    imports the served architecture in the system Python's dist-packages."""
+    out = hosts["spark-1"].check_output(
+        f"docker run --rm {images.CLUSTER_IMAGE} python3 -c "
+        "'import os, sys, ray, vllm; print(ray.__version__, vllm.__file__, sys.prefix, "
+        'os.environ.get("VIRTUAL_ENV", "-"))\''
+    )
+    assert out.split() == [
+        images.RAY_VERSION,
+        "/usr/local/lib/python3.11/dist-packages/vllm/__init__.py",
+        "/usr",
+        "-",
+    ]
+    entrypoint = hosts["spark-1"].check_output(
+        f"docker image inspect -f '{{{{json .Config.Entrypoint}}}}' {images.CLUSTER_IMAGE}"
+    )
+    assert json.loads(entrypoint) == ["/opt/nvidia/nvidia_entrypoint.sh"]
 
 
 def test_donor_serves_the_tiny_model(ansible, hosts, nodes, images):

@@ -168,7 +168,7 @@ def test_drift_a_rerun_must_see_is_seen_and_repaired(in_step, hosts):
 
     worker.check_output("sudo nft flush table inet dgx_spark")
     head.check_output("sudo sh -c 'echo \"# edited by hand\" >> /etc/dgx-spark/comm.env'")
-    worker.check_output(f"sudo docker tag vllm-node:0.14.1-ray2.60.0 {alias}")
+    worker.check_output(f"sudo docker tag vllm-node:0.14.1-ray2.60.0 {alias}")  # another image
     overwrite_middle(worker)
     assert shard_stat(worker)[0] == size
     assert worker.check_output(f"sudo sha256sum {model}/{shard}").split()[0] != good_shard

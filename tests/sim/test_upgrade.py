@@ -1,18 +1,17 @@
-"""Upgrading vLLM on the running pair: a new donor under the same tag (as `docker pull` of a
-new release gives), `playbooks/images.yml`, then `deploy.yml`. The images stage touches
-nothing that serves; the rerun sees the new images and moves every rank (the Ray containers
-and the driver) to the new one together; a new image that does not serve is rolled back as a
-whole.
+"""Upgrading vLLM on the running pair: a new base under the same tag (as an owner's rebuild of
+vllm-node with a newer vLLM gives; the sim's base is served as it is, as a Spark's likely is),
+`playbooks/images.yml`, then `deploy.yml`. The images stage touches nothing that serves; the
+rerun sees the new image and moves every rank (the Ray containers and the driver) to it
+together; a new image that does not serve is rolled back as a whole.
 
 The module starts from the pair in step with the inventory under the key test_serving rotated
 to (conftest's bring_in_step: the in-step check of deploy.yml, and its repair of what an
 earlier module left), so the upgrade's deploy.yml always starts at the images stage. Every run
 here gives that key: after test_serving's rotation the pair is then in step at once, instead
 of one more restart of the group for the inventory's key; alone, the module's first deploy.yml
-rotates to it. Afterwards the donor tag names the inventory's donor again, but the pair keeps
-serving the image built from the test's donor: the next deploy.yml moves it back (a run from
-the images stage, which builds the inventory's image again as the upgrade kept one build, and
-a restart).
+rotates to it. Afterwards the base tag names the inventory's base again, but the pair keeps
+serving the test's base: the next deploy.yml moves it back (a run from the images stage, which
+points the alias at the inventory's base again, and a restart).
 """
 
 from __future__ import annotations
@@ -26,8 +25,8 @@ from test_rerun import ran
 from test_serving import ROTATED, Client, complete, vllm_start_seconds
 
 CLUSTER = yaml.safe_load((ROOT / "inventories/sim/group_vars/all/cluster.yml").read_text())
-DONOR = CLUSTER["hybrid_image_donor"]
-HELD = "dgxsim-test/inventory-donor:held"
+BASE = CLUSTER["hybrid_image_base"]
+HELD = "dgxsim-test/inventory-base:held"
 ALIAS = "dgx-spark/vllm-serving:current"
 PREVIOUS = "dgx-spark/vllm-serving:previous"
 RANKS = ("dgx-spark-ray", "dgx-spark-vllm")
@@ -75,30 +74,29 @@ def label(node, container: str, name: str) -> str:
 @pytest.fixture(scope="module")
 def upgrade(sim, nodes):
     """The pair in step with the inventory under the rotated key (deploy.yml's in-step check
-    repaired whatever an earlier module left, such as test_monitoring's record), and
-    the inventory's donor tagged again afterwards; the test's donor goes once no image is
-    built on it. While the test's donors hold the tag, the inventory's keeps a name of its own,
-    as an owner keeps an image: the images stage keeps only the newest builds
-    (hybrid_image_keep_builds), and Docker removes an old build's untagged parents with it."""
+    repaired whatever an earlier module left, such as test_monitoring's record), and the
+    inventory's base tagged again afterwards; the test's bases go once nothing runs them. While
+    the test's bases hold the tag, the inventory's keeps a name of its own, as an owner keeps
+    the image they built."""
     bring_in_step("test_upgrade", nodes, *UNDER_KEY, key=KEY)
-    donor = {n.name: node_image_id(n, DONOR) for n in nodes}
+    base = {n.name: node_image_id(n, BASE) for n in nodes}
     for node in nodes:
-        on_node(node, "docker", "tag", donor[node.name], HELD)
-    yield donor
+        on_node(node, "docker", "tag", base[node.name], HELD)
+    yield base
     for node in nodes:
-        on_node(node, "docker", "tag", donor[node.name], DONOR)
+        on_node(node, "docker", "tag", base[node.name], BASE)
         on_node(node, "docker", "image", "rm", HELD)
-        on_node(node, "docker", "image", "prune", "--force", "--filter", "label=dgxsim.test.donor")
+        on_node(node, "docker", "image", "prune", "--force", "--filter", "label=dgxsim.test.base")
 
 
 def test_an_image_rebuild_reaches_every_rank(upgrade, nodes):
     before = {n.name: containers(n) for n in nodes}
     assert "dgx-spark-vllm" in before["spark-1"] and "dgx-spark-ray" in before["spark-2"], before
     alias_before = {n.name: node_image_id(n, ALIAS) for n in nodes}
-    new_donor = load_changed_image(nodes, DONOR, DONOR, {"dgxsim.test.donor": "upgrade"})
+    new_base = load_changed_image(nodes, BASE, BASE, {"dgxsim.test.base": "upgrade"})
 
-    # 1. The images stage rebuilds, and nothing that serves notices. With one build kept, the
-    # build the ranks run stays while they run it (they move at the serve stage).
+    # 1. The images stage points the alias at the new base, and nothing that serves notices.
+    # The image the ranks run stays while they run it (they move at the serve stage).
     with Client(nodes, [KEY]) as client:
         time.sleep(2)
         images = run_playbook("playbooks/images.yml", *KEEP_ONE)
@@ -111,11 +109,11 @@ def test_an_image_rebuild_reaches_every_rank(upgrade, nodes):
     assert all(node_image_id(n, alias_before[n.name]) for n in nodes), alias_before
 
     # 2. What the rerun and the status see: ranks on the old image. The images stage recorded
-    # the new donor at its end, so the donor is no difference any more: the run starts at ray.
+    # the new base at its end, so the base is no difference any more: the run starts at ray.
     check = run_playbook("playbooks/in_step.yml", *KEEP_ONE)
     said = check.in_step_report()
     assert said.startswith("Running the stages from ray on"), said
-    assert DONOR not in said and short(new_donor) not in said, said
+    assert BASE not in said and short(new_base) not in said, said
     for node in nodes:
         for name in before[node.name]:
             assert (
@@ -136,9 +134,8 @@ def test_an_image_rebuild_reaches_every_rank(upgrade, nodes):
         now = containers(node)
         assert set(now) == set(before[node.name]), now
         assert {c["image"] for c in now.values()} == {alias[node.name]}, (node.name, now)
-        # The build the ranks left goes in this run (the serve stage prunes after the move),
-        # so the next full run has nothing to remove.
-        assert not node_image_id(node, alias_before[node.name]), node.name
+        # The base the ranks left is the owner's image: it stays, under the name they gave it.
+        assert node_image_id(node, HELD) == alias_before[node.name], node.name
     assert "keeps" in run.messages() and "the serving stage" in run.messages()
     assert complete(nodes, KEY)
     # Where it started: at the ray stage, as only the ranks' image moved since the pair was in
@@ -171,10 +168,10 @@ def test_a_new_image_that_does_not_serve_is_rolled_back_as_a_whole(upgrade, node
     ranks = {n.name: set(containers(n)) for n in nodes}
     generation = label(nodes[0], "dgx-spark-vllm", GENERATION)
     assert generation, "the driver carries no generation label"
-    # The donor's vLLM imports, parses the command line and lists its models; only its
+    # The base's vLLM imports, parses the command line and lists its models; only its
     # engine fails to start: it loads no platform plugin (VLLM_PLUGINS names none it has), so
     # the CPU platform it falls back to has no Ray resource for the ranks.
-    load_changed_image(nodes, DONOR, DONOR, {"dgxsim.test.donor": "no-engine"},
+    load_changed_image(nodes, BASE, BASE, {"dgxsim.test.base": "no-engine"},
                        ["VLLM_PLUGINS=dgxsim-test-no-such-plugin"])  # fmt: skip
     images = run_playbook("playbooks/images.yml", *UNDER_KEY)
     assert images.rc == 0, images.failures() or images.raw[-3000:]
@@ -188,7 +185,7 @@ def test_a_new_image_that_does_not_serve_is_rolled_back_as_a_whole(upgrade, node
     assert run.rc != 0
     message = "\n".join(run.failures())
     assert f"did not serve on {ALIAS} ({short(broken['spark-1'])})" in message, message
-    # The engine's own refusal (vllm/v1/executor/ray_utils.py in the donor's vLLM 0.32.0):
+    # The engine's own refusal (vllm/v1/executor/ray_utils.py in the base's vLLM 0.32.0):
     # without the sim's platform plugin the CPU platform has no Ray device key.
     assert "ValueError: current platform cpu does not support ray" in message, message
     assert f"Rolled back: the previous containers serve again on {PREVIOUS}" in message, message
@@ -212,14 +209,14 @@ def test_a_new_image_that_does_not_serve_is_rolled_back_as_a_whole(upgrade, node
 
 
 def test_a_deploy_that_builds_another_image_judges_nccl_on_it(upgrade, nodes):
-    """Back to the inventory's donor, up to the ray stage (deploy.yml --tags images,ray): its
-    preflight judges the NCCL of the image serving now; its images stage then builds another;
+    """Back to the inventory's base, up to the ray stage (deploy.yml --tags images,ray): its
+    preflight judges the NCCL of the image serving now; its images stage then moves the alias;
     the ray stage makes the choice again on the image the ranks are to run and keeps that
     image's answer. (Judged only at preflight, the next run had no answer for the new image and
     probed again: molecule's idempotence failed so on a pair that held an older serving image.)
     The ranks keep their image until a serve stage moves them (the module's docstring)."""
     for node in nodes:
-        on_node(node, "docker", "tag", upgrade[node.name], DONOR)
+        on_node(node, "docker", "tag", upgrade[node.name], BASE)
         on_node(node, "sh", "-c", f"rm -f {NCCL_KEPT}/*")
     serving = {n.name: node_image_id(n, ALIAS) for n in nodes}
     run = run_playbook("deploy.yml", "--tags", "images,ray", *UNDER_KEY)
