@@ -46,8 +46,8 @@ from sim_images import (  # noqa: E402
     OLD_CLUSTER_IMAGE,
     build_cluster_image,
     build_donor_image,
-    build_old_cluster_image,
     build_node_image,
+    build_old_cluster_image,
     build_rootfs_image,
     digest,
     finish_tiny_model,
@@ -218,6 +218,9 @@ def node_args(node: Node, image: str) -> list[str]:
     return [
         "--name", node.container, "--hostname", node.name,
         "--restart", "unless-stopped", *DIND_FLAGS,
+        # An init that reaps: the containerd shims a node's dockerd leaves are otherwise
+        # zombies under it (dockerd is no reaper).
+        "--init",
         # vLLM's shared-memory queues and --ipc host in inner containers need room.
         "--shm-size", "4g",
         "-e", f"DGXSIM_IMAGE_STORE={image_store()}",

@@ -5,7 +5,11 @@
 from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
-from ansible_collections.dgx_spark.cluster.plugins.module_utils import vllm_command, vllm_start
+from ansible_collections.dgx_spark.cluster.plugins.module_utils import (
+    spark_memory,
+    vllm_command,
+    vllm_start,
+)
 from ansible_collections.dgx_spark.cluster.plugins.plugin_utils.role_filter import role_filter
 from ansible_collections.dgx_spark.cluster.plugins.plugin_utils.vllm_serve_collective import (
     vllm_serve_collective_check,
@@ -15,8 +19,10 @@ from ansible_collections.dgx_spark.cluster.plugins.plugin_utils.vllm_serve_colle
 )
 from ansible_collections.dgx_spark.cluster.plugins.plugin_utils.vllm_serve_memory import (
     vllm_serve_cma_check,
+    vllm_serve_held_bytes,
     vllm_serve_memory_check,
     vllm_serve_memory_setting_errors,
+    vllm_serve_vllm_memory_check,
 )
 
 
@@ -82,9 +88,11 @@ def vllm_serve_failed_start(wait, image, image_id, restart_reason, rolled_back, 
                             previous_image="", rollback_enabled=True):  # fmt: skip
     """The failed start's message: what vLLM refused, and which rollback branch followed."""
     wait, back = dict(wait or {}), dict(back or {})
+    said = f"{wait.get('reason') or ''}\n{wait.get('excerpt') or ''}\n{wait.get('text') or ''}"
     return vllm_start.failed_start_message(
         image=str(image), image_id=str(image_id), restart_reason=str(restart_reason),
         reason=str(wait.get("reason") or NO_WAIT), excerpt=str(wait.get("excerpt") or ""),
+        cause=spark_memory.refusal_advice(said),
         rolled_back=bool(rolled_back), back_healthy=bool(back.get("healthy")),
         back_reason=str(back.get("reason") or ""), previous_image=str(previous_image or ""),
         rollback_enabled=bool(rollback_enabled),
@@ -115,6 +123,8 @@ OPERATIONS = {
     "collective_kept": vllm_serve_collective_kept,
     "memory_setting_errors": vllm_serve_memory_setting_errors,
     "memory_check": vllm_serve_memory_check,
+    "vllm_memory_check": vllm_serve_vllm_memory_check,
+    "held_bytes": vllm_serve_held_bytes,
     "cma_check": vllm_serve_cma_check,
 }
 

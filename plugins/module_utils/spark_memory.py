@@ -307,3 +307,121 @@ def page_cache_setting_errors(mode) -> list[str]:
         return []
     shown = json.dumps(mode, default=str)
     return [f"vllm_serve_drop_page_cache is {shown}; allowed: {', '.join(PAGE_CACHE_DROP_MODES)}"]
+
+
+# --------------------------------------------------------------------------- vLLM's own figure
+
+# vLLM refuses a start whose free memory, as it measures it, is below gpu_memory_utilization x
+# the device's total; its message in every release read (0.11 to 0.32: vllm/v1/worker/
+# gpu_worker.py and utils.py) starts "Free memory on device [<device>] (<free>/<total> GiB) on
+# startup" and names "(<utilization>, <requested> GiB)".
+_VLLM_REFUSAL = re.compile(
+    r"Free memory on device(?: \S+)? \((?P<free>\d+(?:\.\d+)?)/(?P<total>\d+(?:\.\d+)?) GiB\) "
+    r"on startup.*?\((?P<utilization>\d*\.?\d+), (?P<requested>\d+(?:\.\d+)?) GiB\)",
+    re.DOTALL,
+)
+
+
+def _floor2(value: float) -> float:
+    return math.floor(max(value, 0) * 100) / 100
+
+
+def parse_vllm_probe(text: str) -> dict:
+    """The memory probe's answer (roles/vllm_serve/files/memory_probe.py): its last JSON line."""
+    for line in reversed((text or "").splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                found = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(found, dict) and "source" in found:
+                return found
+    raise MeminfoError(f"the memory probe printed no answer: {(text or '').strip()[-300:]!r}")
+
+
+def check_vllm_memory(probes: dict, gpu_memory_utilization, held: dict | None = None) -> dict:
+    """Whether vLLM's own start-up check will pass on every node, from each node's probe
+    (``probes``: host -> parse_vllm_probe's answer) and the GPU memory the running ranks hold
+    there (``held``: host -> bytes; a restart frees it). {passed, measured, message, nodes:
+    {host: {free, total, held, needed, fits, source}}}; ``fits`` is the largest utilization
+    (two decimals) the node's figure holds. Nodes without a CUDA device are not measured."""
+    errors = setting_errors(gpu_memory_utilization, 0)
+    if errors:
+        raise ValueError("; ".join(errors))
+    default = gpu_memory_utilization in (None, "")
+    fraction = VLLM_DEFAULT_GPU_MEMORY_UTILIZATION if default else _number(gpu_memory_utilization)
+    held = held or {}
+    nodes, lines, short = {}, [], []
+    for host in sorted(probes):
+        probe = probes[host] or {}
+        if not probe.get("total"):
+            lines.append(f"{host}: not measured ({probe.get('source') or 'no answer'})")
+            continue
+        free, total = int(probe["free"]), int(probe["total"])
+        back = int(held.get(host) or 0)
+        needed = fraction * total
+        fits = _floor2((free + back) / total)
+        nodes[host] = {"free": free, "total": total, "held": back, "needed": needed,
+                       "fits": fits, "source": probe.get("source")}  # fmt: skip
+        gap = ""
+        if probe.get("mem_available"):
+            gap = f", {_gib(int(probe['mem_available']) - free)} under MemAvailable"
+        line = (
+            f"{host}: vLLM sees {_gib(free)} free of {_gib(total)} ({probe.get('source')}{gap})"
+            + (f" + {_gib(back)} the running ranks hold" if back else "")
+            + f"; utilization {fraction:g} asks {_gib(needed)}; at most {fits:.2f} fits"
+        )
+        lines.append(line)
+        if free + back < needed:
+            short.append(host)
+    said = "; ".join(lines)
+    if not nodes:
+        message = f"vLLM's own memory figure not measured: {said}"
+        return {"passed": True, "measured": False, "nodes": {}, "message": message}
+    if not short:
+        message = f"vLLM's own memory check will pass: {said}"
+        return {"passed": True, "measured": True, "nodes": nodes, "message": message}
+    lowest = min(nodes[h]["fits"] for h in short)
+    advice = (
+        f"set vllm_serve_gpu_memory_utilization to {lowest:.2f} or lower"
+        if lowest > 0
+        else "free memory on " + ", ".join(short)
+    )
+    message = (
+        f"vLLM's own memory check would refuse the start on {', '.join(short)} "
+        f'("Free memory on device ... is less than desired GPU memory utilization"), so '
+        f"nothing was stopped: {'; '.join(lines)}. Stop what else holds memory there, or "
+        f"{advice}"
+    )
+    return {"passed": False, "measured": True, "nodes": nodes, "message": message}
+
+
+def vllm_memory_refusal(text: str) -> dict | None:
+    """vLLM's own start-up memory refusal in a log or an excerpt: {free, total, utilization,
+    requested, fits} (GiB as vLLM printed them; ``fits`` the largest utilization its free
+    figure holds), or None when the text holds none."""
+    found = _VLLM_REFUSAL.search(text or "")
+    if not found:
+        return None
+    free, total = float(found.group("free")), float(found.group("total"))
+    return {
+        "free": free,
+        "total": total,
+        "utilization": float(found.group("utilization")),
+        "requested": float(found.group("requested")),
+        "fits": _floor2(free / total) if total else 0.0,
+    }
+
+
+def refusal_advice(text: str) -> str:
+    """A sentence naming vLLM's memory refusal and the setting to change, or ''."""
+    found = vllm_memory_refusal(text)
+    if not found:
+        return ""
+    return (
+        f"vLLM's own memory check refused the start: it saw {found['free']:g} GiB free of "
+        f"{found['total']:g} GiB, and utilization {found['utilization']:g} asks "
+        f"{found['requested']:g} GiB; set vllm_serve_gpu_memory_utilization to "
+        f"{found['fits']:.2f} or lower, or free memory on the node"
+    )

@@ -39,6 +39,7 @@ MANAGED_FLAGS = {
     "--max-num-seqs": "vllm_serve_max_num_seqs",
     "--max-cudagraph-capture-size": "vllm_serve_max_cudagraph_capture_size",
     "--enable-prefix-caching": "vllm_serve_enable_prefix_caching",
+    "--language-model-only": "vllm_serve_language_model_only",
     "--speculative-config": "vllm_serve_speculative_config",
     "--served-model-name": "vllm_serve_served_model_name",
     "--host": "vllm_serve_host",
@@ -179,6 +180,7 @@ def serve_args(
     if settings.get("load_format") not in (None, "", "auto"):
         _flag(args, "load-format", settings["load_format"])
     _flag(args, "enable-prefix-caching", bool(settings.get("enable_prefix_caching")))
+    _flag(args, "language-model-only", bool(settings.get("language_model_only")))
     speculative = settings.get("speculative_config") or {}
     if speculative:
         compact = json.dumps(speculative, sort_keys=True, separators=(",", ":"))

@@ -359,6 +359,7 @@ def failed_start_message(
     restart_reason: str,
     reason: str,
     excerpt: str = "",
+    cause: str = "",
     rolled_back: bool,
     back_healthy: bool = False,
     back_reason: str = "",
@@ -372,10 +373,12 @@ def failed_start_message(
     previous group answered again within the wait. ``previous_image``: set when the Ray
     containers moved back with it (the new image was the one that failed).
     ``rollback_enabled``: vllm_serve_rollback; when false nothing was kept to go back to.
+    ``cause``: a known cause named in words (vLLM's own memory refusal), after the excerpt.
     """
     said = (
         f"The serving group did not serve on {image} ({image_id[:19]}) after the restart "
         f"({restart_reason}): {reason}{': ' + excerpt if excerpt else ''}."
+        + (f" {cause}." if cause else "")
     )
     if not rolled_back and not rollback_enabled:
         return f"{said} vllm_serve_rollback is false, so no previous containers were kept."

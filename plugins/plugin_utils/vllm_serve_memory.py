@@ -30,6 +30,34 @@ def vllm_serve_memory_check(
         raise AnsibleFilterError(f"{host}: memory check: {exc}") from exc
 
 
+def vllm_serve_vllm_memory_check(nodes, hostvars, gpu_memory_utilization):
+    """Whether vLLM's own start-up check will pass on every node, from each node's memory probe
+    (``_vllm_serve_memory_probe``: the probe container's output) and what its running ranks
+    hold (``_vllm_serve_memory_held``, bytes)."""
+    probes, held = {}, {}
+    try:
+        for host in nodes or []:
+            facts = hostvars[host]
+            probes[host] = spark_memory.parse_vllm_probe(
+                str(facts.get("_vllm_serve_memory_probe") or "")
+            )
+            held[host] = int(facts.get("_vllm_serve_memory_held") or 0)
+        return spark_memory.check_vllm_memory(probes, gpu_memory_utilization, held)
+    except ValueError as exc:
+        raise AnsibleFilterError(f"vLLM's memory figure: {exc}") from exc
+
+
+def vllm_serve_held_bytes(compute_apps="", rank_pids=None):
+    """GPU memory the running ranks hold (bytes), which a restart gives back."""
+    try:
+        return spark_memory.held_by(
+            spark_memory.parse_compute_apps(str(compute_apps or "")),
+            spark_memory.parse_pids(" ".join(str(p) for p in rank_pids or [])),
+        )["bytes"]
+    except ValueError as exc:
+        raise AnsibleFilterError(f"GPU memory the ranks hold: {exc}") from exc
+
+
 def vllm_serve_cma_check(meminfo, host=""):
     """Whether free CMA pageblocks lie outside every CMA area (KHO scratch)."""
     try:

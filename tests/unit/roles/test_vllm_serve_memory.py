@@ -26,7 +26,9 @@ IDS = {"dgx-spark-vllm": "ab" * 32, "dgx-spark-ray": "cd" * 32}
 
 
 class _DockerAPI(BaseHTTPRequestHandler):
-    """The three calls community.docker.docker_container_info makes."""
+    """The three calls community.docker.docker_container_info makes, and docker_image_info's
+    search, which finds no serving image (as on a first run: vLLM's own figure is measured at
+    the serve stage then)."""
 
     protocol_version = "HTTP/1.1"
     running: set[str] = set()
@@ -50,6 +52,8 @@ class _DockerAPI(BaseHTTPRequestHandler):
         names = {v: k for k, v in IDS.items()}
         if path.endswith("/version"):
             return self._send(200, {"ApiVersion": "1.41", "Version": "20.10.0"})
+        if path.endswith("/images/json"):
+            return self._send(200, [])
         if path.endswith("/containers/json"):
             return self._send(
                 200, [{"Id": IDS[n], "Names": [f"/{n}"], "State": "running"} for n in self.running]
@@ -165,8 +169,8 @@ def test_a_running_group_is_not_refused_for_the_memory_it_holds(tmp_path, docker
     spark2 = got["results"][MEMORY]["spark-1"]["msg"][1]
     assert spark2 == (
         "spark-2: memory holds the start: total 121.69 GiB, available 75.12 GiB + 37.65 GiB "
-        "held by the running ranks (GPU processes 4242, freed by the restart), needed 105.35 GiB "
-        "(gpu_memory_utilization 0.8 x total + vllm_serve_memory_margin_gib 8)"
+        "held by the running ranks (GPU processes 4242, freed by the restart), needed 93.18 GiB "
+        "(gpu_memory_utilization 0.7 x total + vllm_serve_memory_margin_gib 8)"
     )
 
 
@@ -178,7 +182,7 @@ def test_memory_that_another_program_holds_refuses_the_pair(tmp_path, docker_api
     assert result["failed"] is True
     assert result["msg"] == [
         "spark-2: memory cannot hold the start: total 121.69 GiB, available 75.12 GiB + 0.00 GiB "
-        "held by the running ranks, needed 105.35 GiB (gpu_memory_utilization 0.8 x total + "
+        "held by the running ranks, needed 93.18 GiB (gpu_memory_utilization 0.7 x total + "
         "vllm_serve_memory_margin_gib 8). A start that does not fit hard-resets a GB10 host "
         "(NV_ERR_NO_MEMORY), so nothing was stopped. Stop what else holds memory on this node, "
         "or lower vllm_serve_gpu_memory_utilization (at most 0.55 fits now) or "
@@ -216,3 +220,55 @@ def test_the_simulated_pair_says_it_skipped(tmp_path, docker_api):
     said = got["results"]["Say that the memory and CMA checks run on Sparks only"]["spark-1"]
     assert said["msg"].startswith("hardware-only: skipped the memory check before the ranks start")
     assert got["results"][MEMORY]["spark-1"].get("skipped") is True
+
+
+def _tasks(name: str) -> list[dict]:
+    return yaml.safe_load((ROOT / "roles/vllm_serve/tasks" / name).read_text(encoding="utf-8"))
+
+
+def _flat(tasks: list[dict]) -> list[dict]:
+    out = []
+    for task in tasks:
+        out.append(task)
+        out.extend(_flat(task.get("block") or []))
+    return out
+
+
+def test_vllms_figure_is_measured_before_anything_serving_stops():
+    """In preflight where every node holds the serving image, else at the serve stage before
+    the collective and the restart, on Sparks only and once per image; the probe's container
+    takes the GPU request, as the ranks' do."""
+    memory = {t["name"]: t for t in _flat(_tasks("memory.yml"))}
+    included = memory["Measure vLLM's own memory figure where every node holds the serving image"]
+    assert included["ansible.builtin.include_tasks"]["file"] == "vllm_memory.yml"
+    assert "_vllm_serve_memory_alias.images[0].Id" in included["vars"]["_vllm_serve_memory_image"]
+    run = _tasks("run.yml")
+    names = [t["name"] for t in run]
+    measure = names.index("Measure vLLM's own memory figure before anything serving is touched")
+    assert measure < names.index(
+        "Prove the ranks' collective in the serving image before anything serving is touched"
+    )
+    assert measure < names.index("Restart the serving group")
+    assert "spark_hardware | default(false) | bool" in run[measure]["when"]
+    assert (
+        "_vllm_serve_vllm_memory_image | default('') != _vllm_serve_image_id"
+        in run[measure]["when"]
+    )
+    probe = {t["name"]: t for t in _tasks("vllm_memory.yml")}[
+        "Measure the memory vLLM will see, in the serving image with the GPU"
+    ]["community.docker.docker_container"]
+    assert probe["device_requests"] == "{{ spark_container_device_requests | default(omit) }}"
+    assert probe["network_mode"] == "none" and probe["cleanup"] is True
+
+
+def test_the_probe_says_plainly_where_no_cuda_device_answers():
+    """files/memory_probe.py in this test's Python (no torch here): no device, no figure, the
+    reason, and MemAvailable beside it; the decision leaves such a node unmeasured."""
+    probe = ROOT / "roles/vllm_serve/files/memory_probe.py"
+    out = subprocess.run([sys.executable, str(probe)], capture_output=True, text=True, check=True)
+    answer = json.loads(out.stdout)
+    assert answer["source"] == "no CUDA device"
+    assert answer["free"] is None and answer["total"] is None
+    assert answer["mem_available"] > 0
+    if answer["error"]:
+        assert answer["error"].startswith("torch: ")

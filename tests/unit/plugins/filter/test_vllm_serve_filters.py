@@ -23,6 +23,22 @@ def test_each_rollback_branch_through_the_filter():
     assert off.endswith("vllm_serve_rollback is false, so no previous containers were kept.")
 
 
+def test_vllms_own_memory_refusal_is_named_with_the_setting_to_change():
+    refused = {
+        **WAIT,
+        "excerpt": "ValueError: Free memory on device cuda:0 (86.21/121.69 GiB) on startup is "
+        "less than desired GPU memory utilization (0.8, 97.35 GiB). Decrease GPU memory "
+        "utilization or reduce GPU memory used by other processes.",
+    }
+    said = FAILED_START(refused, *IMAGE, False, {}, "")
+    assert (
+        ". vLLM's own memory check refused the start: it saw 86.21 GiB free of 121.69 GiB, and "
+        "utilization 0.8 asks 97.35 GiB; set vllm_serve_gpu_memory_utilization to 0.70 or "
+        "lower, or free memory on the node." in said
+    ), said
+    assert "memory check" not in FAILED_START(WAIT, *IMAGE, False, {}, "")
+
+
 def test_a_head_that_failed_before_its_wait_is_named_not_left_blank():
     # rollback.yml on the other node: the head's wait never ran, so it passes {} and no ID.
     said = FAILED_START({}, "dgx-spark/vllm-serving:current", "", "the key changed", False, {})
