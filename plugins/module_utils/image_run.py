@@ -59,13 +59,16 @@ def run_once(client, image_id: str, python: str, probe: dict) -> dict:
     and optionally ``environment`` and ``volumes``. Raises FileNotFoundError when ``python``
     does not exist in the image.
     """
+    extra = {key: probe[key] for key in ("environment", "volumes") if key in probe}
+    if probe.get("device_requests"):
+        extra["device_requests"] = device_requests(probe["device_requests"])
     container = client.containers.create(
         image_id,
         entrypoint=probe["entrypoint"](python),
         command=probe["command"],
         network_disabled=True,
         labels={PROBE_LABEL: probe["label"]},
-        **{key: probe[key] for key in ("environment", "volumes") if key in probe},
+        **extra,
     )
     try:
         try:
@@ -84,6 +87,21 @@ def run_once(client, image_id: str, python: str, probe: dict) -> dict:
         return parse_probe_output(stdout, stderr, exit_code)
     finally:
         container.remove(force=True)
+
+
+def device_requests(requests: list[dict]) -> list:
+    """The Docker SDK's device requests from community.docker's form of them (driver, count,
+    device_ids, capabilities, options), as docker_container sends them to the API."""
+    return [
+        docker.types.DeviceRequest(
+            driver=r.get("driver") or "",
+            count=r.get("count") if r.get("count") is not None else 0,
+            device_ids=r.get("device_ids") or [],
+            capabilities=r.get("capabilities") or [],
+            options=r.get("options") or {},
+        )
+        for r in requests
+    ]
 
 
 def image_id_of(client, image: str) -> str | None:

@@ -94,6 +94,33 @@ options:
         puts NCCL on the RoCE path and the image has no libibverbs, RV(refusals) says so.
       - A file that does not exist judges nothing.
     type: path
+  device_requests:
+    description:
+      - Devices the probe's container requests, as C(community.docker.docker_container)'s
+        option of the same name takes them (on a Spark the GPU, C(spark_container_device_requests)),
+        so an import that needs the device meets it as the ranks will.
+      - Part of what a kept document is known by (O(cache_dir)).
+    type: list
+    elements: dict
+    default: []
+    suboptions:
+      driver:
+        description: The device driver, C(nvidia) for the GPU.
+        type: str
+      count:
+        description: How many devices; C(-1) for all.
+        type: int
+      device_ids:
+        description: The devices by ID.
+        type: list
+        elements: str
+      capabilities:
+        description: Lists of capabilities the device must have one of, e.g. C([[gpu]]).
+        type: list
+        elements: list
+      options:
+        description: Options for the driver.
+        type: dict
   cache_dir:
     description:
       - A directory on the node where the module keeps what the probe read in each image, one
@@ -414,6 +441,7 @@ def inspect_image(client, node: str, image: str, params: dict, request: str) -> 
         "command": [request],
         "timeout": params["timeout"],
         "label": "vllm_registry_info",
+        "device_requests": params.get("device_requests") or [],
     }
     missing = "load or pull it there first (community.docker.docker_image)"
     return run_in_image(client, node, image, params["python"], probe, missing)
@@ -423,7 +451,11 @@ def kept_key(client, image: str, params: dict, request: str) -> str | None:
     """The key of the document kept for this image and request in O(cache_dir): the image's
     ID, the python option and the probe with its request (None: the image is not there)."""
     probe = probe_digest(probe_entrypoint("python"), request)
-    return cache_key(image_id_of(client, image), [], {}, False, [], params["python"], probe, {})
+    # An answer read with the GPU is another than one read without it (an import may need it).
+    devices = {"device_requests": params.get("device_requests") or []}
+    return cache_key(
+        image_id_of(client, image), [], devices, False, [], params["python"], probe, {}
+    )
 
 
 def read_image(
@@ -600,6 +632,18 @@ def main() -> None:
             "comm_env_file": {"type": "path"},
             "timeout": {"type": "int", "default": 300},
             "cache_dir": {"type": "path"},
+            "device_requests": {
+                "type": "list",
+                "elements": "dict",
+                "default": [],
+                "options": {
+                    "driver": {"type": "str"},
+                    "count": {"type": "int"},
+                    "device_ids": {"type": "list", "elements": "str"},
+                    "capabilities": {"type": "list", "elements": "list"},
+                    "options": {"type": "dict"},
+                },
+            },
         },
         supports_check_mode=True,
     )

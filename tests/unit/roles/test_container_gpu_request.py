@@ -72,3 +72,31 @@ def test_a_request_community_docker_refuses_is_caught():
 def test_every_container_of_the_ranks_takes_the_request(path):
     text = (ROOT / path).read_text(encoding="utf-8")
     assert 'device_requests: "{{ spark_container_device_requests | default(omit) }}"' in text
+
+
+def _module_calls(module: str):
+    for path in sorted(ROOT.glob("roles/*/tasks/*.yml")):
+        for task in _flat(yaml.safe_load(path.read_text(encoding="utf-8")) or []):
+            if module in task:
+                yield path.relative_to(ROOT), task["name"], task[module]
+
+
+def _flat(tasks):
+    for task in tasks:
+        yield task
+        yield from _flat(task.get("block") or [])
+
+
+def test_every_probe_that_imports_in_an_image_takes_the_gpu_request():
+    """The registry's imports and the image report start the image's torch and vLLM: on a
+    Spark they meet the GPU as the ranks will."""
+    calls = [
+        (path, name, args)
+        for path, name, args in _module_calls("dgx_spark.cluster.vllm_registry_info")
+        if args.get("mode") == "import" or args.get("report")
+    ]
+    assert len(calls) >= 4, calls
+    for path, name, args in calls:
+        assert args.get("device_requests") == (
+            "{{ spark_container_device_requests | default([]) }}"
+        ), f"{path}: {name}"
