@@ -39,7 +39,7 @@ OWN_HEADING = "# ConnectX-7 twins of "
 
 _HEADER = re.compile(r"^(?P<uid>\d+) (?P<mode>[0-7]{1,4}) (?P<path>/.*)$")
 # find's words for a starting point that does not exist (run with LC_ALL=C).
-_MISSING = re.compile(r"^find: ['\u2018](?P<path>.+)['\u2019]: No such file or directory$")
+_MISSING = re.compile(r"^find: ['`\u2018](?P<path>.+)['\u2019]: No such file or directory$")
 # NetworkManager skips hidden and backup files, mkstemp's temporary files (a dot and six
 # letters or digits) and 802.1x certificates and keys in its keyfile directories.
 _NM_TEMPORARY = re.compile(r"\.[A-Za-z0-9]{6}$")

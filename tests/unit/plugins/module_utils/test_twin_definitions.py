@@ -366,13 +366,18 @@ def test_an_unreadable_file_and_a_failed_listing_refuse():
 
 def test_the_listing_keeps_each_file_its_content():
     text = listed("/etc/netplan/a b.yaml", "x: 1\n") + listed("/etc/netplan/empty.yaml", "")
-    got = td.parse_listing(text, "find: \u2018/lib/netplan\u2019: No such file or directory\n")
+    missing = (
+        "find: '/run/netplan': No such file or directory\n"  # LC_ALL=C, as the role runs it
+        "find: \u2018/lib/netplan\u2019: No such file or directory\n"  # a UTF-8 locale
+        "find: `/etc/NetworkManager/system-connections': No such file or directory\n"  # older
+    )
+    got = td.parse_listing(text, missing + "find: '/etc/netplan': Permission denied\n")
     assert got == {
         "files": [
             {"path": "/etc/netplan/a b.yaml", "uid": 0, "mode": 0o600, "text": "x: 1\n"},
             {"path": "/etc/netplan/empty.yaml", "uid": 0, "mode": 0o600, "text": ""},
         ],
-        "problems": [],
+        "problems": ["find: '/etc/netplan': Permission denied"],
     }
 
 
