@@ -12,6 +12,7 @@ from ansible_collections.dgx_spark.cluster.plugins.module_utils import (
     link_checks,
     link_plan,
     spark_platform,
+    twin_definitions,
 )
 from ansible_collections.dgx_spark.cluster.plugins.plugin_utils.role_filter import role_filter
 
@@ -121,6 +122,32 @@ def host_prep_platform(nvidia_smi, gpus, host="", kernel=""):
     return result
 
 
+def host_prep_leftovers(listing, links, facts, own, netplan_dirs, nm_dirs, host=""):
+    """Other netplan files and NetworkManager profiles that define the node's twins, from the
+    find command's result: {passed, errors, found, read, ignored, message}."""
+    twins = twin_definitions.twins_from_facts(list(links or []), dict(facts or {}))
+    return twin_definitions.leftover_definitions(
+        dict(listing or {}), twins, str(own), str(host), list(netplan_dirs), list(nm_dirs)
+    )
+
+
+def host_prep_gids(results, hostvars):
+    """The RoCE GID index NCCL uses behind every twin of every node read (a loop of the GID
+    tables' read over the nodes, each item a node): {check, passed, message, indices, errors}."""
+    nodes = {}
+    for result in results or []:
+        node = str(result.get("item"))
+        facts = hostvars[node]
+        links = list(facts.get("_host_prep_links") or [])
+        extra = dict(facts.get("_host_prep_comm_env_extra") or {})
+        try:
+            env = fast_link.comm_env(links, str(facts.get("spark_fast_ip", "")), extra)
+        except ValueError:
+            env = extra
+        nodes[node] = {"text": str(result.get("stdout") or ""), "links": links, "env": env}
+    return link_checks.check_gid_indices(nodes)
+
+
 # The operations of the one filter this role uses, dgx_spark.cluster.host_prep:
 # ``value | dgx_spark.cluster.host_prep('<operation>', ...)``.
 OPERATIONS = {
@@ -133,6 +160,8 @@ OPERATIONS = {
     "serving": host_prep_serving,
     "platform": host_prep_platform,
     "link_plan": host_prep_link_plan,
+    "leftovers": host_prep_leftovers,
+    "gids": host_prep_gids,
 }
 
 

@@ -24,6 +24,7 @@ imports this file by path inside a container that has no Ansible.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import re
 
@@ -62,8 +63,24 @@ def _result(check: str, passed: bool, message: str, **details) -> dict:
 # --------------------------------------------------------------------------- ip -j addr
 
 
+def _address_problems(netdev: str, address: str, have: list[str]) -> list[str]:
+    """A twin carries the inventory's IPv4 address and no other: a second one takes RoCE GID
+    entries of its own, and NCCL may pick that one's GID (``nccl_gid_index``)."""
+    if address not in have:
+        return [f"{netdev}: {address} not configured (has {have or 'none'})"]
+    extra = [a for a in have if a != address]
+    if not extra:
+        return []
+    return [
+        f"{netdev}: {', '.join(extra)} besides {address}: a twin carries only the inventory's "
+        f"address. Remove it (sudo ip addr del {extra[0]} dev {netdev}) and whatever adds it "
+        "(another netplan file or NetworkManager profile, a DHCP client)"
+    ]
+
+
 def check_addresses(ip_json: str, links: list[dict], mtu: int) -> dict:
-    """``ip -j addr show``: every link's netdev is up, carries its address and has ``mtu``."""
+    """``ip -j addr show``: every link's netdev is up, carries its address, no other IPv4
+    address, and has ``mtu``."""
     try:
         data = json.loads(ip_json)
     except ValueError as exc:
@@ -84,8 +101,7 @@ def check_addresses(ip_json: str, links: list[dict], mtu: int) -> dict:
         state = iface.get("operstate", "UNKNOWN")
         if iface.get("mtu") != int(mtu):
             problems.append(f"{netdev}: MTU {iface.get('mtu')}, expected {int(mtu)}")
-        if link["address"] not in have:
-            problems.append(f"{netdev}: {link['address']} not configured (has {have or 'none'})")
+        problems.extend(_address_problems(netdev, link["address"], have))
         if state not in ("UP", "UNKNOWN"):
             problems.append(f"{netdev}: {state}")
         seen.append(f"{netdev} {link['address']} MTU {iface.get('mtu')} {state}")
@@ -95,7 +111,8 @@ def check_addresses(ip_json: str, links: list[dict], mtu: int) -> dict:
 
 
 def check_address_facts(facts: dict, links: list[dict], mtu: int) -> dict:
-    """Gathered network facts (``setup``, subset network): as ``check_addresses``.
+    """Gathered network facts (``setup``, subset network; ``ipv4`` and ``ipv4_secondaries``
+    hold every IPv4 address of an interface): as ``check_addresses``.
 
     ``facts`` is ``ansible_facts`` (keys with or without the ``ansible_`` prefix).
     """
@@ -118,8 +135,7 @@ def check_address_facts(facts: dict, links: list[dict], mtu: int) -> dict:
         state = "UP" if iface.get("active") else "DOWN"
         if iface.get("mtu") != int(mtu):
             problems.append(f"{netdev}: MTU {iface.get('mtu')}, expected {int(mtu)}")
-        if link["address"] not in have:
-            problems.append(f"{netdev}: {link['address']} not configured (has {have or 'none'})")
+        problems.extend(_address_problems(netdev, link["address"], have))
         if state != "UP":
             problems.append(f"{netdev}: {state}")
         seen.append(f"{netdev} {link['address']} MTU {iface.get('mtu')} {state}")
@@ -236,6 +252,267 @@ def check_roce(text: str, links: list[dict]) -> dict:
         return _result("roce", False, "; ".join(problems), devices=found)
     shown = ", ".join(f"{e['roce']} ==> {e['netdev']}" for e in found)
     return _result("roce", True, f"RoCE devices up: {shown}", devices=found)
+
+
+# --------------------------------------------------------------------------- RoCE GID tables
+# Each RoCE port keeps a table of GIDs: per index the GID (gids/<i>, an IPv6 address: the
+# default fe80::/64 one made from the MAC, then one IPv4-mapped ::ffff:a.b.c.d per IPv4 address
+# of the netdev, one per RoCE version), its version (gid_attrs/types/<i>: "IB/RoCE v1" or
+# "RoCE v2"; an unused entry cannot be read) and its netdev (gid_attrs/ndevs/<i>).
+
+_GID_LINE = re.compile(
+    r"^/\S*?/(?P<dev>[^/\s]+)/ports/\d+/(?P<kind>gids|gid_attrs/types|gid_attrs/ndevs)/"
+    r"(?P<index>\d+):(?P<value>.*)$"
+)
+_GID_KIND = {"gids": "gid", "gid_attrs/types": "type", "gid_attrs/ndevs": "ndev"}
+ZERO_GID = "0000:0000:0000:0000:0000:0000:0000:0000"
+
+
+def parse_gid_tables(text: str) -> dict[str, dict[int, dict]]:
+    """``grep -r -s -H . <dev>/ports/1/gids <dev>/ports/1/gid_attrs/types
+    <dev>/ports/1/gid_attrs/ndevs`` (under /sys/class/infiniband, for one or more RoCE
+    devices) -> {device: {index: {"gid", "type", "ndev"}}}; what an entry lacks is None."""
+    tables: dict[str, dict[int, dict]] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        m = _GID_LINE.match(line.strip())
+        if not m:
+            raise CheckOutputError(f"not a line of a RoCE GID table: {line.strip()[:100]!r}")
+        entry = tables.setdefault(m["dev"], {}).setdefault(
+            int(m["index"]), {"gid": None, "type": None, "ndev": None}
+        )
+        value = m["value"].strip()
+        if m["kind"] == "gids":
+            try:
+                ipaddress.IPv6Address(value)
+            except ValueError:
+                raise CheckOutputError(
+                    f"{m['dev']} GID {m['index']}: {value!r} is no GID"
+                ) from None
+        entry[_GID_KIND[m["kind"]]] = value
+    return tables
+
+
+def _gid_words(gid: str | None) -> tuple[int, int, int, int]:
+    packed = int(ipaddress.IPv6Address(gid or ZERO_GID))
+    return (
+        packed >> 96,
+        (packed >> 64) & 0xFFFFFFFF,
+        (packed >> 32) & 0xFFFFFFFF,
+        packed & 0xFFFFFFFF,
+    )
+
+
+def gid_family(gid: str | None) -> int:
+    """4 for an IPv4-mapped GID (``::ffff:a.b.c.d``, or its multicast form), else 6."""
+    w = _gid_words(gid)
+    mapped = w[0] == 0 and w[1] == 0 and w[2] == 0xFFFF
+    mapped_multicast = w[0] == 0xFF0E0000 and w[1] == 0 and w[2] == 0xFFFF
+    return 4 if mapped or mapped_multicast else 6
+
+
+def gid_valid(gid: str | None) -> bool:
+    """A GID in use that is not link-local: not all zero, not fe80::/64."""
+    w = _gid_words(gid)
+    unset = w == (0, 0, 0, 0) or (w[0] == 0xFE800000 and w[1:] == (0, 0, 0))
+    return not unset and not (w[0] == 0xFE800000 and w[1] == 0)
+
+
+def gid_ipv4(gid: str | None) -> str | None:
+    """The IPv4 address of an IPv4-mapped GID, else None."""
+    return str(ipaddress.IPv4Address(_gid_words(gid)[3])) if gid_family(gid) == 4 else None
+
+
+def roce_version(gid_type: str | None) -> int | None:
+    """gid_attrs/types: ``IB/RoCE v1`` or ``RoCE v1`` -> 1, ``RoCE v2`` -> 2, else None."""
+    text = (gid_type or "").strip()
+    if text.startswith(("IB/RoCE v1", "RoCE v1")):
+        return 1
+    return 2 if text.startswith("RoCE v2") else None
+
+
+def _int(value: object, default: int) -> int:
+    try:
+        return int(str(value).strip())
+    except ValueError:
+        return default
+
+
+def nccl_gid_index(table: dict[int, dict], env: dict | None = None) -> int:
+    """The GID index NCCL's IB transport uses on a RoCE port (ncclIbGetGidIndex in NCCL's
+    src/transport/net_ib, 2.28 as the Sparks run it): ``NCCL_IB_GID_INDEX`` when set (0 or
+    more); else from index 0 on, a GID of the wanted family (``NCCL_IB_ADDR_FAMILY``, IPv4
+    unless ``AF_INET6``) within ``NCCL_IB_ADDR_RANGE`` replaces one of the other family, and
+    a valid GID of that family replaces the current one when their RoCE versions differ (or
+    the current is not valid) and its version is ``NCCL_IB_ROCE_VERSION_NUM`` (2). With one
+    IPv4 address on the netdev that is its RoCE v2 GID."""
+    env = env or {}
+    forced = _int(env.get("NCCL_IB_GID_INDEX", -1), -1)
+    if forced >= 0:
+        return forced
+    family = 6 if str(env.get("NCCL_IB_ADDR_FAMILY", "")).strip() == "AF_INET6" else 4
+    version = _int(env.get("NCCL_IB_ROCE_VERSION_NUM", 2), 2)
+    subnet = None
+    if str(env.get("NCCL_IB_ADDR_RANGE") or "").strip():
+        try:
+            subnet = ipaddress.ip_network(str(env["NCCL_IB_ADDR_RANGE"]).strip(), strict=False)
+        except ValueError:
+            subnet = None  # NCCL ignores a range it cannot read
+
+    def in_range(gid: str | None) -> bool:
+        if subnet is None:
+            return True
+        if family == 4:
+            return gid_ipv4(gid) is not None and ipaddress.IPv4Address(gid_ipv4(gid)) in subnet
+        return ipaddress.IPv6Address(gid or ZERO_GID) in subnet
+
+    def get(index: int) -> dict:
+        return table.get(index) or {"gid": ZERO_GID, "type": None}
+
+    current = 0
+    for candidate in range(1, max(table, default=0) + 1):
+        now, new = get(current), get(candidate)
+        new_family = gid_family(new["gid"])
+        if new_family != gid_family(now["gid"]) and new_family == family and in_range(new["gid"]):
+            current = candidate
+        elif new_family != family or not gid_valid(new["gid"]) or not in_range(new["gid"]):
+            continue
+        elif (
+            roce_version(now["type"]) != roce_version(new["type"]) or not gid_valid(now["gid"])
+        ) and roce_version(new["type"]) == version:
+            current = candidate
+    return current
+
+
+def _gid_shown(entry: dict | None) -> str:
+    if not entry or _gid_words(entry.get("gid")) == (0, 0, 0, 0):
+        return "no GID (an unused entry)"
+    gid = entry["gid"]
+    address = gid_ipv4(gid) or str(ipaddress.IPv6Address(gid))
+    details = ", ".join(x for x in (entry.get("type"), entry.get("ndev")) if x)
+    return f"{'::ffff:' if gid_ipv4(gid) else ''}{address}" + (f" ({details})" if details else "")
+
+
+def _address_index(table: dict[int, dict], ip: str, version: int) -> int | None:
+    """Where the twin's own address sits as a GID of that RoCE version, or None."""
+    return next(
+        (i for i in sorted(table)
+         if gid_ipv4(table[i]["gid"]) == ip and roce_version(table[i]["type"]) == version),
+        None,
+    )  # fmt: skip
+
+
+def _wrong_gid(node: str, link: dict, index: int, table: dict, env: dict, version: int) -> str:
+    roce, netdev, ip = link.get("roce") or "?", link["netdev"], link["ip"]
+    own = _address_index(table, ip, version)
+    head = (
+        f"{node}: NCCL would use GID index {index} of {roce} ({netdev}), which holds "
+        f"{_gid_shown(table.get(index))}, not the twin's address {ip} as RoCE v{version}"
+    )
+    if _int(env.get("NCCL_IB_GID_INDEX", -1), -1) >= 0:
+        where = (
+            f"the twin's address is at index {own} here. Remove what else is on {netdev} (ip "
+            "addr show dev " + netdev + ") so the index is the same on every node, or leave "
+            "NCCL_IB_GID_INDEX out of host_prep_comm_env_extra so NCCL finds it"
+            if own is not None
+            else f"the twin's address has no RoCE v{version} GID: is {ip} on {netdev} "
+            f"(ip addr show dev {netdev})?"
+        )
+        return f"{head}: NCCL_IB_GID_INDEX in the comm env names that index; {where}"
+    if own is None:
+        return (
+            f"{head}: the twin's address has no RoCE v{version} GID on {roce}; check that {ip} "
+            f"is on {netdev} (ip addr show dev {netdev}) and that ibdev2netdev shows {roce} "
+            f"behind {netdev}"
+        )
+    return (
+        f"{head} (that is at index {own}): another address of the twin comes first in the "
+        f"table. Remove it from {netdev} (ip addr show dev {netdev}) and run again"
+    )
+
+
+def _extra_gids(table: dict[int, dict], below: int, ip: str) -> list[str]:
+    """The GIDs in use below index ``below`` but the link-local default ones and the twin's
+    own address."""
+    return [
+        f"index {i} {_gid_shown(table[i])}"
+        for i in sorted(table)
+        if i < below and gid_valid(table[i]["gid"]) and gid_ipv4(table[i]["gid"]) != ip
+    ]
+
+
+def check_gid_indices(nodes: dict[str, dict]) -> dict:
+    """The RoCE GID index NCCL uses behind each twin holds the twin's own address, and is the
+    same on every node.
+
+    ``nodes`` maps a node to ``{"text": its GID tables (parse_gid_tables), "links": its
+    resolved links (netdev, roce, ip), "env": its communication environment}``; twin n of one
+    node is compared with twin n of the others. ``NCCL_IB_GID_INDEX`` and its kin come from
+    ``env`` (``nccl_gid_index``). Returns the check with ``indices`` (node -> index per twin,
+    None where unknown) and ``errors``.
+    """
+    errors: list[str] = []
+    indices: dict[str, list[int | None]] = {}
+    tables_by_node: dict[str, dict] = {}
+    for node in sorted(nodes):
+        data = nodes[node] or {}
+        env = dict(data.get("env") or {})
+        version = _int(env.get("NCCL_IB_ROCE_VERSION_NUM", 2), 2)
+        try:
+            tables = parse_gid_tables(str(data.get("text") or ""))
+        except CheckOutputError as exc:
+            errors.append(f"{node}: cannot read the RoCE GID tables: {exc}")
+            continue
+        tables_by_node[node] = tables
+        row: list[int | None] = []
+        for link in data.get("links") or []:
+            table = tables.get(link.get("roce") or "")
+            if not table:
+                errors.append(
+                    f"{node}: no GID table for {link.get('roce') or '(no RoCE device)'} behind "
+                    f"{link['netdev']} under ports/1 of its sysfs entry: check that ibdev2netdev "
+                    "lists the device and that the mlx5 RDMA driver is loaded"
+                )
+                row.append(None)
+                continue
+            index = nccl_gid_index(table, env)
+            row.append(index)
+            entry = table.get(index) or {}
+            if (
+                gid_ipv4(entry.get("gid")) != link["ip"]
+                or roce_version(entry.get("type")) != version
+            ):
+                errors.append(_wrong_gid(node, link, index, table, env, version))
+        indices[node] = row
+    for pos in range(max((len(r) for r in indices.values()), default=0)):
+        seen = {n: r[pos] for n, r in indices.items() if pos < len(r) and r[pos] is not None}
+        if len(set(seen.values())) < 2:
+            continue
+        links = {n: nodes[n]["links"][pos] for n in seen}
+        each = ", ".join(f"{i} on {n} ({links[n].get('roce')})" for n, i in seen.items())
+        high = max(seen, key=lambda n: seen[n])
+        netdev = links[high]["netdev"]
+        table = tables_by_node[high].get(links[high].get("roce") or "", {})
+        extra = _extra_gids(table, seen[high], links[high]["ip"])
+        before = f"; before the twin's address {high} has {', '.join(extra)}" if extra else ""
+        errors.append(
+            f"twin {pos + 1}: NCCL would use GID index {each}: one NCCL_IB_GID_INDEX (and "
+            f"ib_write_bw -x) names one index for both nodes, so it must be the same on each"
+            f"{before}. Remove what else is on {netdev} of {high} (ip addr show dev {netdev}: a "
+            "second IPv4 or a global IPv6 address each take GID entries) and run again"
+        )
+    shown = "; ".join(
+        f"{n}: "
+        + ", ".join(f"{link.get('roce')} {i}" for link, i in zip(nodes[n]["links"], r, strict=True))
+        for n, r in indices.items()
+    )
+    if errors:
+        return _result("gid", False, "\n".join(errors), indices=indices, errors=errors)
+    return _result(
+        "gid", True, f"RoCE GID index NCCL uses, the twin's address on every node: {shown}",
+        indices=indices, errors=[],
+    )  # fmt: skip
 
 
 # --------------------------------------------------------------------------- ib_write_bw

@@ -58,7 +58,8 @@ def test_every_header_file_belongs_to_a_json_fixture():
 @pytest.mark.parametrize(
     ("header", "expected"),
     [
-        ("", ["no '#| captured', '#| derived' or '#| reconstructed' header in its first lines"]),
+        ("", ["no '#| captured', '#| derived', '#| reconstructed' or '#| constructed' header in "
+              "its first lines"]),
         ("#| captured on the pair: ethtool 6.1", ["captured: no date (YYYY-MM-DD)"]),
         ("#| captured 2026-12-04 on the pair: ethtool", ["captured: no version of the tool"]),
         ("#| captured 2026-12-04: ethtool 6.1", ["captured: no machine ('on ...')"]),
@@ -70,6 +71,10 @@ def test_every_header_file_belongs_to_a_json_fixture():
             "derived: does not say what was changed ('changed:') and why ('why:')"]),
         ("#| derived from `a.txt`: changed: both states; why: no cable", []),
         ("#| reconstructed: https://github.com/x/y/issues/1, verbatim", []),
+        ("#| constructed example: a leftover netplan file", [
+            "constructed: no address of the format's description (https://...)"]),
+        ("#| constructed example: a leftover netplan file; format: https://netplan.example/yaml",
+         []),
     ],
 )  # fmt: skip
 def test_the_header_check_refuses_what_it_should(tmp_path, header, expected):

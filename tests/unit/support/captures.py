@@ -9,6 +9,9 @@ in a header of ``#|`` lines, which no tool prints:
   from `<file>```) and says what was changed (``changed: ...``) and why (``why: ...``).
 - ``reconstructed``: the tool's output as someone published it, with the page's address
   (``https://...``); lines written rather than copied, or values from another source, are named.
+- ``constructed``: an example this project wrote where no capture or publication shows the
+  case (a leftover configuration file, a RoCE GID table); the header says what it stands for
+  and gives the address of the format's public description (``https://...``).
 
 JSON holds no comment: the header of ``<name>.json`` is its sibling ``<name>.json.source``,
 made of the same ``#|`` lines, and the JSON file holds the tool's output alone.
@@ -24,7 +27,7 @@ import re
 from pathlib import Path
 
 MARK = "#|"
-KINDS = ("captured", "derived", "reconstructed")
+KINDS = ("captured", "derived", "reconstructed", "constructed")
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 SIDECAR = ".source"
 _DATE = re.compile(r"\b20\d\d-\d\d-\d\d(?!\d)")
@@ -84,7 +87,8 @@ def provenance_errors(path: Path) -> list[str]:
     kind = header.split(maxsplit=1)[0].rstrip(":,") if header else ""
     if kind not in KINDS:
         where = sidecar(path).name if path.suffix == ".json" else "its first lines"
-        return [f"no '#| captured', '#| derived' or '#| reconstructed' header in {where}"]
+        kinds = "', '#| ".join(KINDS[:-1])
+        return [f"no '#| {kinds}' or '#| {KINDS[-1]}' header in {where}"]
     errors = []
     if kind == "captured":
         if not _DATE.search(header):
@@ -102,6 +106,9 @@ def provenance_errors(path: Path) -> list[str]:
             errors.append(f"derived: {parent.name} is itself derived")
         if "changed:" not in header or "why:" not in header:
             errors.append("derived: does not say what was changed ('changed:') and why ('why:')")
+    elif kind == "constructed":
+        if not re.search(r"https://\S+", header):
+            errors.append("constructed: no address of the format's description (https://...)")
     elif not re.search(r"https://\S+", header):
         errors.append("reconstructed: no address of the public source (https://...)")
     if not tool_output(path).strip():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 from pathlib import Path
 
@@ -27,6 +28,8 @@ def test_one_filter_holds_every_operation():
         "serving",
         "platform",
         "link_plan",
+        "leftovers",
+        "gids",
     }
     assert set(hp.FilterModule().filters()) == {"host_prep"}
     assert (Path(hp.__file__).parent / "host_prep.yml").exists(), "host_prep has no documentation"
@@ -146,3 +149,67 @@ def test_platform_filter_adds_the_warnings():
     got = hp.host_prep_platform("NVIDIA GB10, 580.173.02\n", 1, "spark-1", "7.0.0-1019-nvidia")
     assert got["passed"] is True
     assert len(got["warnings"]) == 1 and "ibv_reg_mr_iova2" in got["warnings"][0]
+
+
+def test_leftovers_takes_the_find_result_and_the_facts_as_the_role_gives_them():
+    # validate.yml: the registered find command, _host_prep_links, ansible_facts (a Spark's MAC
+    # written here: the sim's capture has none), host_prep_netplan_file, the role's directories.
+    profile = tool_output(FIXTURES / "nm_twin_by_mac_dhcp.txt")
+    path = "/etc/NetworkManager/system-connections/Wired connection 2.nmconnection"
+    listing = {
+        "rc": 1,
+        "stdout": f"0 600 {path}\n{base64.b64encode(profile.encode()).decode()}\n",
+        "stderr": "find: '/run/netplan': No such file or directory",
+        "changed": False,
+    }
+    links = [{"index": 0, "netdev": "enP2p1s0f1np1", "roce": "roceP2p1s0f1",
+              "address": "198.51.101.11/24", "ip": "198.51.101.11"}]  # fmt: skip
+    facts = {"enP2p1s0f1np1": {"macaddress": "4c:bb:47:2a:10:03", "module": "mlx5_core"}}
+    dirs = (["/run/netplan", "/etc/netplan", "/lib/netplan"],
+            ["/etc/NetworkManager/system-connections"])  # fmt: skip
+    got = hp.host_prep_leftovers(
+        listing, links, facts, "/etc/netplan/40-cx7.yaml", *dirs, "spark-1"
+    )
+    assert [(f["file"], f["twin"]) for f in got["found"]] == [(path, "enP2p1s0f1np1")]
+    assert got["errors"][0].startswith(f"spark-1: NetworkManager profile {path}")
+    # Another MAC on the twin: the profile binds some other device.
+    facts["enP2p1s0f1np1"]["macaddress"] = "4c:bb:47:2a:10:05"
+    got = hp.host_prep_leftovers(
+        listing, links, facts, "/etc/netplan/40-cx7.yaml", *dirs, "spark-1"
+    )
+    assert got["passed"] and got["read"] == [path]
+
+
+def test_gids_reads_each_node_of_the_loop_with_its_comm_env():
+    # netplan_apply.yml: the loop's results (item: the node read), and hostvars with each node's
+    # resolved links, spark_fast_ip and the comm env extras validate.yml kept.
+    def links(last: int) -> list[dict]:
+        return [
+            {"index": 0, "netdev": "enp1s0f1np1", "roce": "rocep1s0f1",
+             "address": f"198.51.100.{last}/24", "ip": f"198.51.100.{last}"},
+            {"index": 1, "netdev": "enP2p1s0f1np1", "roce": "roceP2p1s0f1",
+             "address": f"198.51.101.{last}/24", "ip": f"198.51.101.{last}"},
+        ]  # fmt: skip
+
+    hostvars = {
+        "spark-1": {"_host_prep_links": links(11), "spark_fast_ip": "198.51.100.11",
+                    "_host_prep_comm_env_extra": {}},
+        "spark-2": {"_host_prep_links": links(12), "spark_fast_ip": "198.51.100.12",
+                    "_host_prep_comm_env_extra": {}},
+    }  # fmt: skip
+    results = [
+        {"item": "spark-1", "rc": 2, "stdout": tool_output(FIXTURES / "gids_spark1.txt")},
+        {
+            "item": "spark-2",
+            "rc": 2,
+            "stdout": tool_output(FIXTURES / "gids_spark2_ipv6_global.txt"),
+        },
+    ]
+    got = hp.host_prep_gids(results, hostvars)
+    assert got["passed"] is False and got["indices"] == {"spark-1": [3, 3], "spark-2": [5, 3]}
+    # NCCL_IB_GID_INDEX from spark-2's extras: index 3 there holds the IPv6 address.
+    hostvars["spark-2"]["_host_prep_comm_env_extra"] = {"NCCL_IB_GID_INDEX": "3"}
+    got = hp.host_prep_gids(results, hostvars)
+    assert got["indices"] == {"spark-1": [3, 3], "spark-2": [3, 3]}
+    assert got["errors"][0].startswith("spark-2: NCCL would use GID index 3 of rocep1s0f1")
+    assert "NCCL_IB_GID_INDEX in the comm env names that index" in got["errors"][0]

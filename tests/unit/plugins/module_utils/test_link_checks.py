@@ -2,7 +2,8 @@
 host_prep/, described in its README): each check passes and fails where it should.
 
 Every fixture is captured from the real tool, derived from such a capture or reconstructed from
-a public one; its ``#|`` header says which, where and when (tests/unit/test_fixture_provenance.py).
+a public one, or, where neither shows the case (a RoCE GID table), constructed; its ``#|`` header
+says which, where and when (tests/unit/test_fixture_provenance.py).
 A case no capture shows is made in the test from a real capture, and says what it changed."""
 
 from __future__ import annotations
@@ -31,8 +32,9 @@ def fixture(name: str) -> str:
 # --------------------------------------------------------------------------- provenance
 
 
-# Every fixture's header (captured, derived or reconstructed) is checked for every fixture
-# folder by tests/unit/test_fixture_provenance.py, and each is named in its folder's README.
+# Every fixture's header (captured, derived, reconstructed or constructed) is checked for every
+# fixture folder by tests/unit/test_fixture_provenance.py, and each is named in its folder's
+# README.
 
 
 def test_the_fixtures_readme_lists_no_file_that_is_gone():
@@ -799,3 +801,187 @@ def test_address_facts_fail(links, mtu, words):
 def test_address_facts_need_gathered_facts():
     with pytest.raises(lc.CheckOutputError, match="gathered network facts"):
         lc.check_address_facts({}, FAST, 9000)
+
+
+def test_address_facts_refuse_a_second_ipv4_address_on_a_twin():
+    # The sim's capture with a second address on eth0, as setup lists it (ipv4_secondaries).
+    facts = json.loads(json.dumps(FACTS))
+    facts["ansible_eth0"]["ipv4_secondaries"] = [
+        {"address": "10.10.10.2", "prefix": "24", "network": "10.10.10.0"}
+    ]
+    result = lc.check_address_facts(facts, FAST, 9000)
+    assert result["passed"] is False
+    assert result["message"] == (
+        "eth0: 10.10.10.2/24 besides 172.30.241.11/24: a twin carries only the inventory's "
+        "address. Remove it (sudo ip addr del 10.10.10.2/24 dev eth0) and whatever adds it "
+        "(another netplan file or NetworkManager profile, a DHCP client)"
+    )
+    # Without the second address it passes again.
+    facts["ansible_eth0"]["ipv4_secondaries"] = []
+    assert lc.check_address_facts(facts, FAST, 9000)["passed"] is True
+
+
+def test_ip_json_refuses_a_second_ipv4_address_too():
+    data = json.loads(IP_JSON)
+    eth0 = next(i for i in data if i.get("ifname") == "eth0")
+    eth0["addr_info"].append({"family": "inet", "local": "10.10.10.2", "prefixlen": 24})
+    result = lc.check_addresses(json.dumps(data), H200_LINK, 1400)
+    assert (
+        result["passed"] is False
+        and "eth0: 10.10.10.2/24 besides 192.0.2.2/24" in result["message"]
+    )
+
+
+# --------------------------------------------------------------------------- RoCE GID tables
+# Constructed examples (gids_*.txt): no published GID table of a Spark was found.
+
+SPARK_1_LINKS = [
+    {"netdev": "enp1s0f1np1", "roce": "rocep1s0f1", "ip": "198.51.100.11"},
+    {"netdev": "enP2p1s0f1np1", "roce": "roceP2p1s0f1", "ip": "198.51.101.11"},
+]
+SPARK_2_LINKS = [
+    {"netdev": "enp1s0f1np1", "roce": "rocep1s0f1", "ip": "198.51.100.12"},
+    {"netdev": "enP2p1s0f1np1", "roce": "roceP2p1s0f1", "ip": "198.51.101.12"},
+]
+
+
+def pair(spark_2: str, env: dict | None = None) -> dict:
+    return {
+        "spark-1": {"text": fixture("gids_spark1.txt"), "links": SPARK_1_LINKS, "env": env or {}},
+        "spark-2": {"text": fixture(spark_2), "links": SPARK_2_LINKS, "env": env or {}},
+    }
+
+
+def test_gid_tables_parse_every_entry():
+    tables = lc.parse_gid_tables(fixture("gids_spark1.txt"))
+    assert sorted(tables) == ["roceP2p1s0f1", "rocep1s0f1"]
+    assert sorted(tables["rocep1s0f1"]) == list(range(8))
+    assert tables["rocep1s0f1"][3] == {
+        "gid": "0000:0000:0000:0000:0000:ffff:c633:640b",
+        "type": "RoCE v2",
+        "ndev": "enp1s0f1np1",
+    }
+    # An unused entry: its type and netdev could not be read.
+    assert tables["rocep1s0f1"][6] == {"gid": lc.ZERO_GID, "type": None, "ndev": None}
+
+
+@pytest.mark.parametrize(
+    ("line", "words"),
+    [
+        ("rocep1s0f1 port 1 ==> enp1s0f1np1 (Up)", "not a line of a RoCE GID table"),
+        ("/sys/class/infiniband/rocep1s0f1/ports/1/gids/3:0000:zzzz", "is no GID"),
+    ],
+)
+def test_gid_tables_refuse_other_text(line, words):
+    with pytest.raises(lc.CheckOutputError, match=words):
+        lc.parse_gid_tables(line)
+
+
+@pytest.mark.parametrize(
+    ("gid", "family", "valid", "ipv4"),
+    [
+        ("0000:0000:0000:0000:0000:ffff:c633:640b", 4, True, "198.51.100.11"),
+        ("fe80:0000:0000:0000:4ebb:47ff:fe2a:1001", 6, False, None),  # link-local
+        ("2001:0db8:0100:0000:0000:0000:0000:0012", 6, True, None),
+        (lc.ZERO_GID, 6, False, None),  # unused
+    ],
+)
+def test_gid_kinds(gid, family, valid, ipv4):
+    assert (lc.gid_family(gid), lc.gid_valid(gid), lc.gid_ipv4(gid)) == (family, valid, ipv4)
+
+
+@pytest.mark.parametrize(
+    ("text", "version"),
+    [("IB/RoCE v1", 1), ("RoCE v1", 1), ("RoCE v2", 2), (None, None), ("", None)],
+)
+def test_roce_versions(text, version):
+    assert lc.roce_version(text) == version
+
+
+@pytest.mark.parametrize(
+    ("name", "env", "index"),
+    [
+        # One IPv4 address: its RoCE v2 GID.
+        ("gids_spark1.txt", {}, 3),
+        ("gids_spark1.txt", {"NCCL_IB_GID_INDEX": "-1"}, 3),  # NCCL's "unset"
+        ("gids_spark1.txt", {"NCCL_IB_ROCE_VERSION_NUM": "1"}, 2),
+        ("gids_spark1.txt", {"NCCL_IB_GID_INDEX": "0"}, 0),  # asked for, right or wrong
+        # Two IPv4 addresses: the first one's RoCE v2 GID, unless a range leaves it out.
+        ("gids_spark2_second_address.txt", {}, 3),
+        ("gids_spark2_second_address.txt", {"NCCL_IB_ADDR_RANGE": "198.51.100.0/24"}, 5),
+        # A global IPv6 address before the IPv4 one: IPv4 still wins, two entries further on.
+        ("gids_spark2_ipv6_global.txt", {}, 5),
+        ("gids_spark2_ipv6_global.txt", {"NCCL_IB_ADDR_FAMILY": "AF_INET6"}, 3),
+    ],
+)
+def test_nccl_chooses_its_gid_index_as_nccl_does(name, env, index):
+    table = lc.parse_gid_tables(fixture(name))["rocep1s0f1"]
+    assert lc.nccl_gid_index(table, env) == index
+
+
+def test_gid_check_passes_with_the_twins_address_at_one_index_on_both_nodes():
+    result = lc.check_gid_indices(pair("gids_spark2.txt"))
+    assert result["passed"] is True and result["errors"] == []
+    assert result["indices"] == {"spark-1": [3, 3], "spark-2": [3, 3]}
+    assert result["message"] == (
+        "RoCE GID index NCCL uses, the twin's address on every node: spark-1: rocep1s0f1 3, "
+        "roceP2p1s0f1 3; spark-2: rocep1s0f1 3, roceP2p1s0f1 3"
+    )
+    # The same index named outright passes as well.
+    assert lc.check_gid_indices(pair("gids_spark2.txt", {"NCCL_IB_GID_INDEX": "3"}))["passed"]
+
+
+def test_gid_check_refuses_another_address_in_front_of_the_twins():
+    # The index is 3 on both nodes, but on spark-2 it holds the leftover address.
+    result = lc.check_gid_indices(pair("gids_spark2_second_address.txt"))
+    assert result["passed"] is False
+    assert result["indices"] == {"spark-1": [3, 3], "spark-2": [3, 3]}
+    assert result["errors"] == [
+        "spark-2: NCCL would use GID index 3 of rocep1s0f1 (enp1s0f1np1), which holds "
+        "::ffff:10.10.10.2 (RoCE v2, enp1s0f1np1), not the twin's address 198.51.100.12 as RoCE "
+        "v2 (that is at index 5): another address of the twin comes first in the table. Remove "
+        "it from enp1s0f1np1 (ip addr show dev enp1s0f1np1) and run again"
+    ]
+
+
+def test_gid_check_refuses_indices_that_differ_between_the_nodes():
+    result = lc.check_gid_indices(pair("gids_spark2_ipv6_global.txt"))
+    assert result["passed"] is False
+    assert result["indices"] == {"spark-1": [3, 3], "spark-2": [5, 3]}
+    assert result["errors"] == [
+        "twin 1: NCCL would use GID index 3 on spark-1 (rocep1s0f1), 5 on spark-2 (rocep1s0f1): "
+        "one NCCL_IB_GID_INDEX (and ib_write_bw -x) names one index for both nodes, so it must "
+        "be the same on each; before the twin's address spark-2 has index 2 2001:db8:100::12 "
+        "(IB/RoCE v1, enp1s0f1np1), index 3 2001:db8:100::12 (RoCE v2, enp1s0f1np1). Remove "
+        "what else is on enp1s0f1np1 of spark-2 (ip addr show dev enp1s0f1np1: a second IPv4 or "
+        "a global IPv6 address each take GID entries) and run again"
+    ]
+
+
+def test_gid_check_refuses_a_named_index_that_holds_another_gid():
+    result = lc.check_gid_indices(pair("gids_spark2_ipv6_global.txt", {"NCCL_IB_GID_INDEX": "3"}))
+    assert result["indices"] == {"spark-1": [3, 3], "spark-2": [3, 3]}
+    assert result["errors"] == [
+        "spark-2: NCCL would use GID index 3 of rocep1s0f1 (enp1s0f1np1), which holds "
+        "2001:db8:100::12 (RoCE v2, enp1s0f1np1), not the twin's address 198.51.100.12 as RoCE "
+        "v2: NCCL_IB_GID_INDEX in the comm env names that index; the twin's address is at index "
+        "5 here. Remove what else is on enp1s0f1np1 (ip addr show dev enp1s0f1np1) so the index "
+        "is the same on every node, or leave NCCL_IB_GID_INDEX out of host_prep_comm_env_extra "
+        "so NCCL finds it"
+    ]
+
+
+def test_gid_check_refuses_a_node_without_the_tables():
+    # grep printed nothing: no such RoCE device under the sysfs directory.
+    nodes = pair("gids_spark2.txt")
+    nodes["spark-2"]["text"] = ""
+    result = lc.check_gid_indices(nodes)
+    assert result["passed"] is False
+    assert result["errors"] == [
+        f"spark-2: no GID table for {roce} behind {netdev} under ports/1 of its sysfs entry: "
+        "check that ibdev2netdev lists the device and that the mlx5 RDMA driver is loaded"
+        for netdev, roce in (("enp1s0f1np1", "rocep1s0f1"), ("enP2p1s0f1np1", "roceP2p1s0f1"))
+    ]
+    nodes["spark-2"]["text"] = "grep: something else\n"
+    (error,) = lc.check_gid_indices(nodes)["errors"]
+    assert error.startswith("spark-2: cannot read the RoCE GID tables: not a line of a RoCE GID")
