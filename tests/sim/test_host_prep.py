@@ -261,8 +261,41 @@ STANDIN_NETPLAN = "/etc/netplan/41-standin.yaml"
 STANDIN_NCCL_IMAGE = "dgxsim-standin/nccl-check:latest"
 
 
-def install_standins(ansible, hosts, images, bundle) -> None:
-    """Copy the stand-ins' folder to every node and build the NCCL stand-in's image there."""
+REAL_NETPLAN = "/etc/netplan/40-cx7.yaml"
+STANDIN_KEPT = f"{REAL_NETPLAN}.standin-kept"
+STANDIN_INFINIBAND = f"{STANDIN_DIR}/infiniband"
+
+
+def gid_tree(node, ifname: str) -> str:
+    """A shell command writing the RoCE GID table host_prep reads for the stand-in device of
+    ``ifname`` (roce_<ifname>, as the ibdev2netdev stand-in names it): the link-local default
+    GIDs at 0 and 1, the fast-link address at 2 (RoCE v1) and 3 (RoCE v2), as a ConnectX-7
+    shows them (tests/unit/fixtures/host_prep/gids_spark1.txt)."""
+    a, b, c, d = (int(x) for x in node.fast_ip.split("."))
+    mapped = f"0000:0000:0000:0000:0000:ffff:{a:02x}{b:02x}:{c:02x}{d:02x}"
+    local = "fe80:0000:0000:0000:0242:acff:fe1e:f100"
+    port = f"{STANDIN_INFINIBAND}/roce_{ifname}/ports/1"
+    entries = [
+        (local, "IB/RoCE v1"),
+        (local, "RoCE v2"),
+        (mapped, "IB/RoCE v1"),
+        (mapped, "RoCE v2"),
+    ]
+    lines = [f"mkdir -p {port}/gids {port}/gid_attrs/types {port}/gid_attrs/ndevs"]
+    for index, (gid, kind) in enumerate(entries):
+        lines += [
+            f"echo {gid} > {port}/gids/{index}",
+            f"echo '{kind}' > {port}/gid_attrs/types/{index}",
+            f"echo {ifname} > {port}/gid_attrs/ndevs/{index}",
+        ]
+    return " && ".join(lines)
+
+
+def install_standins(ansible, hosts, images, bundle, nodes=None) -> None:
+    """Copy the stand-ins' folder to every node and build the NCCL stand-in's image there; with
+    ``nodes``, also each node's stand-in GID table, and the real run's netplan file moved out
+    of netplan's reach (another file defining the twins is a leftover host_prep refuses), put
+    back by ``remove_standins``."""
     done = ansible(
         "sparks", "ansible.builtin.copy", f"src={bundle}/ dest={STANDIN_DIR}/ mode=preserve"
     )
@@ -272,6 +305,18 @@ def install_standins(ansible, hosts, images, bundle) -> None:
             f"sudo docker build -q -t {STANDIN_NCCL_IMAGE} --build-arg BASE={images.CLUSTER_IMAGE} "
             f"-f {STANDIN_DIR}/Dockerfile.nccl {STANDIN_DIR}"
         )
+    for node in nodes or []:
+        host = hosts[node.name]
+        host.check_output(f"sh -c '[ ! -e {REAL_NETPLAN} ] || mv {REAL_NETPLAN} {STANDIN_KEPT}'")
+        fast = _iface_with(host, node.fast_ip)["ifname"]
+        host.check_output(f"sh -c {shlex.quote(gid_tree(node, fast))}")
+
+
+def remove_standins(hosts) -> None:
+    for host in hosts.values():
+        host.run(f"sh -c '[ ! -e {STANDIN_KEPT} ] || mv {STANDIN_KEPT} {REAL_NETPLAN}'")
+        host.run(f"sudo rm -rf {STANDIN_DIR} {STANDIN_NETPLAN}*")
+        host.run(f"sudo docker rmi -f {STANDIN_NCCL_IMAGE}")
 
 
 def standin_run(tmp_path) -> tuple:
@@ -303,14 +348,15 @@ def standin_run(tmp_path) -> tuple:
     return bundle, wrapper
 
 
-def test_hardware_path_with_stand_ins(runs, ansible, hosts, images, tmp_path):
+def test_hardware_path_with_stand_ins(runs, ansible, hosts, nodes, images, tmp_path):
     """The hardware-only tasks run as Ansible tasks with stand-ins for the Spark's tools
     (host_prep_standins/): netplan apply, the peer check and the rollback, ethtool,
     ibdev2netdev, ib_write_bw, the NVIDIA runtime and the NCCL check. Files go to other paths
     than the real run's, and are removed afterwards."""
     bundle, wrapper = standin_run(tmp_path)
-    install_standins(ansible, hosts, images, bundle)
+    install_standins(ansible, hosts, images, bundle, nodes)
     extra = [
+        *("-e", f"_host_prep_infiniband_dir={STANDIN_INFINIBAND}"),
         *("-e", f"host_prep_netplan_file={STANDIN_NETPLAN}"),
         *("-e", f"host_prep_comm_env_file={STANDIN_DIR}/comm.env"),
         *("-e", f"host_prep_check_dir={STANDIN_DIR}/checks"),
@@ -389,9 +435,7 @@ def test_hardware_path_with_stand_ins(runs, ansible, hosts, images, tmp_path):
             left = host.check_output(f"sudo sh -c 'ls {STANDIN_NETPLAN}*'").split()
             assert left == [STANDIN_NETPLAN], f"{name}: a backup was left: {left}"
     finally:
-        for host in hosts.values():
-            host.run(f"sudo rm -rf {STANDIN_DIR} {STANDIN_NETPLAN}*")
-            host.run(f"sudo docker rmi -f {STANDIN_NCCL_IMAGE}")
+        remove_standins(hosts)
 
 
 def _running_containers(hosts) -> dict[str, dict[str, tuple[str, str]]]:
@@ -432,6 +476,7 @@ def test_link_gate_refuses_before_serving_is_touched(
     starts a serving container."""
     bundle, wrapper = standin_run(tmp_path)
     extra = [
+        *("-e", f"_host_prep_infiniband_dir={STANDIN_INFINIBAND}"),
         *("-e", f"host_prep_netplan_file={STANDIN_NETPLAN}"),
         *("-e", f"host_prep_comm_env_file={STANDIN_DIR}/comm.env"),
         *("-e", f"host_prep_check_dir={STANDIN_DIR}/checks"),
@@ -447,7 +492,7 @@ def test_link_gate_refuses_before_serving_is_touched(
     assert "dgx-spark-vllm" in before["spark-1"], before
     assert all("dgx-spark-ray" in running for running in before.values()), before
     try:
-        install_standins(ansible, hosts, images, bundle)
+        install_standins(ansible, hosts, images, bundle, nodes)
 
         # (a) comm.env names a RoCE device the node lacks: NCCL runs on sockets.
         bad = playbook(
@@ -502,5 +547,4 @@ def test_link_gate_refuses_before_serving_is_touched(
     finally:
         for host in hosts.values():
             host.run(f"sudo ip link del {DRILL_TWIN}")
-            host.run(f"sudo rm -rf {STANDIN_DIR} {STANDIN_NETPLAN}*")
-            host.run(f"sudo docker rmi -f {STANDIN_NCCL_IMAGE}")
+        remove_standins(hosts)
