@@ -290,7 +290,8 @@ def choose(
         return done(True, "image", f"spark_nccl_library: auto chose the image's: {why} ({seen})")
     offers = {node: _offer(image, ibuild, v, hbuilds[node]) for node, v in hosts.items()}
     offered = {(v, identity(hbuilds[node])) for node, v in hosts.items()}
-    if offers and all(why for why, _ in offers.values()) and len(offered) == 1:
+    all_good = bool(offers) and all(offer[0] for offer in offers.values())
+    if all_good and len(offered) == 1:
         version = next(iter(offered))[0]
         why = next(iter(offers.values()))[0]
         return done(
@@ -298,7 +299,7 @@ def choose(
             f"spark_nccl_library: auto chose the nodes' NCCL {_shown(version)} over the image's "
             f"{_shown(image)}: {_why_not(image, ibuild)}; the nodes' is {why} ({seen})",
         )  # fmt: skip
-    if offers and all(why for why, _ in offers.values()):
+    if all_good:
         reason = (
             "the nodes offer different versions or builds, so the ranks would run different NCCLs"
         )
