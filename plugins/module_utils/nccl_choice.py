@@ -48,7 +48,8 @@ CLEAN = "clean"
 # the pip wheel nvidia-nccl-cu13 2.28.9 (219 MB) and DGX OS's libnccl2 2.28.9 (190 MB) are
 # different binaries, and loading DGX OS's took a TP=2 pair of Sparks from a watchdog timeout at
 # ~20 minutes to a clean 60-minute soak, 420/420 requests (vLLM issues 41725 and 42354,
-# 2026-07-23).
+# 2026-07-23). Both are aarch64 builds: the x86-64 wheel of 2.28.9 has another ID (9fcf74d9,
+# 217995896 bytes, read on a lent H100), and is known here only as a wheel's build.
 KNOWN_BUILDS = {
     "a7f420a1": {
         "version": (2, 28, 9),
