@@ -308,7 +308,10 @@ def comm_env(links: list[dict], fast_ip: str, extra: dict | None = None) -> dict
     """The environment every serving container gets, from the node's resolved links.
 
     Socket-based libraries (NCCL's bootstrap, Gloo, TensorPipe, UCX, Open MPI) bind the netdev
-    that carries ``spark_fast_ip``; NCCL's data path uses every twin's RoCE device.
+    that carries ``spark_fast_ip``; NCCL's data path uses every twin's RoCE device. Two NCCL
+    settings for the GB10 itself stand on every node, RoCE or not: they concern NCCL's threads
+    and the GPU, not the network, and where NCCL is not loaded (Gloo on CPU, the simulated pair)
+    nothing reads them.
     """
     primary = next((link for link in links if link["ip"] == fast_ip), None)
     if primary is None:
@@ -323,6 +326,12 @@ def comm_env(links: list[dict], fast_ip: str, extra: dict | None = None) -> dict
         "TP_SOCKET_IFNAME": ifname,
         "UCX_NET_DEVICES": ifname,
         "OMPI_MCA_btl_tcp_if_include": ifname,
+        # NCCL's threads follow the GPU's CPU affinity, not a mask the launcher gave the
+        # process (spark-vllm-docker's launcher sets it on Sparks).
+        "NCCL_IGNORE_CPU_AFFINITY": "1",
+        # No NVLink on a Spark: NCCL 2.30.4's NVLS path hangs MoE weight loading there, and
+        # turning it off cures it (NVIDIA/nccl issue 2167).
+        "NCCL_NVLS_ENABLE": "0",
     }
     hcas = [link["roce"] for link in links if link.get("roce")]
     if hcas:

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import re
 
+from ansible_collections.dgx_spark.cluster.plugins.module_utils.elf_notes import short_build
+
 FORMAT = 1
 # The items of a report, in the order a person reads them.
 ITEMS = (
@@ -173,8 +175,21 @@ def _shown(value) -> str:
     if value is None:
         return "absent"
     if isinstance(value, dict):
-        return str(value.get("version"))
+        build = short_build(value.get("build"))
+        return str(value.get("version")) + (f" (build {build})" if build else "")
     return str(value)
+
+
+def with_nccl_build(report: dict, build: dict | None) -> dict:
+    """The report with the build of the image's libnccl the ranks map (``elf_notes``' size and
+    build ID, read where the ranks run) beside its NCCL version, and its line made again: the
+    report itself is made from the image's files alone, which name versions, not builds."""
+    if not report or not isinstance(report.get("nccl"), dict) or not build:
+        return report
+    keep = ("path", "real_path", "size", "build_id", "sha256")
+    out = {**report, "nccl": {**report["nccl"], "build": {k: build.get(k) for k in keep}}}
+    out["summary"] = report_line(out)
+    return out
 
 
 def report_line(report: dict) -> str:

@@ -13,6 +13,11 @@ from __future__ import annotations
 import re
 from datetime import datetime
 
+from ansible_collections.dgx_spark.cluster.plugins.module_utils.elf_notes import short_build
+from ansible_collections.dgx_spark.cluster.plugins.module_utils.image_report import (
+    with_nccl_build,
+)
+
 # Names of values that are secrets; a name ending in _PATH/_FILE/_DIR holds where one is.
 _SECRET_NAME = re.compile(
     r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL)(?!.*_(PATH|FILE|DIR)$)", re.IGNORECASE
@@ -128,32 +133,41 @@ def rank_nccl(
     report: dict | None,
     host_library: str | None = None,
     in_container: str = "",
+    builds: dict | None = None,
 ) -> dict:
     """Which NCCL a node's ranks loaded, from the libnccl paths mapped into the Ray container's
     processes (``/proc/<pid>/maps``).
 
     ``report``: the image report of the image the ranks run (hybrid_image's, None where there
     is none); ``host_library``: the real file of the node's libnccl (the symbolic link
-    resolved); ``in_container``: where the serving roles mount it (spark_nccl_in_container).
-    Returns ``{library, version, paths}``: ``library`` is ``host`` (the node's, mounted),
-    ``image`` (one of the image's files), ``other`` or None when no rank holds NCCL.
+    resolved); ``in_container``: where the serving roles mount it (spark_nccl_in_container);
+    ``builds``: path -> the build of that file as read in the Ray container
+    (``elf_notes.library_build``).
+    Returns ``{library, version, paths, build}``: ``library`` is ``host`` (the node's, mounted),
+    ``image`` (one of the image's files), ``other`` or None when no rank holds NCCL; ``build``
+    the build of that file (None where it was not read).
     """
     paths = sorted({str(p).strip() for p in loaded or [] if "libnccl" in str(p)})
     if not paths:
-        return {"library": None, "version": None, "paths": []}
+        return {"library": None, "version": None, "paths": [], "build": None}
     image_files = set(((report or {}).get("files") or {}).get("libnccl") or [])
     image_dirs = {f.rsplit("/", 1)[0] for f in image_files}
+
+    def found(library, version, path):
+        build = (builds or {}).get(path)
+        known = build if isinstance(build, dict) and short_build(build) else None
+        return {"library": library, "version": version, "paths": paths, "build": known}
+
     for path in paths:
         if in_container and path == in_container:
             match = _NCCL_FILE_VERSION.search(str(host_library or ""))
-            return {"library": "host", "version": match.group(1) if match else None,
-                    "paths": paths}  # fmt: skip
+            return found("host", match.group(1) if match else None, path)
     for path in paths:
         if path in image_files or path.rsplit("/", 1)[0] in image_dirs:
-            nccl = (report or {}).get("nccl") or {}
-            return {"library": "image", "version": nccl.get("version"), "paths": paths}
+            return found("image", ((report or {}).get("nccl") or {}).get("version"), path)
     match = next(filter(None, (_NCCL_FILE_VERSION.search(p) for p in paths)), None)
-    return {"library": "other", "version": match.group(1) if match else None, "paths": paths}
+    path = next((p for p in paths if _NCCL_FILE_VERSION.search(p)), paths[0])
+    return found("other", match.group(1) if match else None, path)
 
 
 def _nccl_text(nccl: dict | None) -> str:
@@ -161,7 +175,12 @@ def _nccl_text(nccl: dict | None) -> str:
     if not nccl.get("paths"):
         return "no libnccl (no rank holds NCCL: a CPU build, or no rank running)"
     whose = {"host": "the node's", "image": "the image's"}.get(nccl.get("library"), "a")
-    return f"{whose} NCCL {nccl.get('version') or '(version unknown)'} ({', '.join(nccl['paths'])})"
+    build = short_build(nccl.get("build"))
+    return (
+        f"{whose} NCCL {nccl.get('version') or '(version unknown)'}"
+        + (f", build {build}" if build else "")
+        + f" ({', '.join(nccl['paths'])})"
+    )
 
 
 def _short(image_id: str | None) -> str:
@@ -228,12 +247,17 @@ def cluster_report(nodes: dict, head: str, endpoint: dict | None, ray: dict | No
                 rank.get("image_report") if isinstance(rank.get("image_report"), dict) else None
             )
             report_nodes[name]["image_report"] = image_report
-            report_nodes[name]["nccl"] = rank_nccl(
+            nccl = rank_nccl(
                 rank.get("nccl_loaded"),
                 image_report,
                 rank.get("nccl_host_library"),
                 str(settings.get("nccl_in_container") or ""),
+                rank.get("nccl_builds") if isinstance(rank.get("nccl_builds"), dict) else None,
             )
+            report_nodes[name]["nccl"] = nccl
+            # The ranks map the image's own file: its report names that build too.
+            if nccl["library"] == "image":
+                report_nodes[name]["image_report"] = with_nccl_build(image_report, nccl["build"])
             if image_report is None and node.get("image_id"):
                 warnings.append(
                     f"{name}: no image report for {_short(node.get('image_id'))} (what the image "

@@ -11,16 +11,22 @@ module: nccl_choice
 short_description: Decide which libnccl the ranks load, the serving image's or the nodes'
 version_added: "0.1.0"
 description:
-  - Weighs the NCCL version the serving image reports on every node against the version of
-    every node's own libnccl, for C(spark_nccl_library) V(auto), V(image) or V(host).
-  - V(auto) keeps the image's NCCL unless it is in 2.28.x, the range with public reports of
-    TP=2 ranks wedging in a collective on two GB10 Sparks
+  - Weighs the NCCL the serving image's torch loads on every node (its version and its build,
+    size and ELF build ID) against every node's own libnccl (version and build), for
+    C(spark_nccl_library) V(auto), V(image) or V(host).
+  - The same version can be different builds; the pip wheel nvidia-nccl-cu13 2.28.9 (build ID
+    a7f420a1...) wedged TP=2 pairs of Sparks where DGX OS's libnccl2 2.28.9 (build ID
+    c0db9360...) ran a 60-minute soak clean
     (U(https://github.com/vllm-project/vllm/issues/42354),
-    U(https://github.com/vllm-project/vllm/issues/41725)), and every node offers the same newer
-    version outside it; then the nodes'. Where no node offers a way out it fails, citing those
-    reports, and the run goes on only with an explicit V(image) or V(host).
+    U(https://github.com/vllm-project/vllm/issues/41725)).
+  - V(auto) keeps the image's NCCL unless it is in 2.28.x, the range with those reports, and
+    not a build known to run clean; then the nodes' where every node offers the same library and
+    it is known good (newer and outside the range, a build known to run clean, or another build
+    than the pip wheel's the image carries). Where nothing known good is on offer it fails,
+    naming every build weighed, and the run goes on only with an explicit V(image) or V(host).
   - Pure computation over its options (logic in C(plugins/module_utils/nccl_choice.py)); it
-    reads nothing on the node it runs on. host_prep's preflight runs it once for the pair.
+    reads nothing on the node it runs on. ray_cluster's preflight runs it once for the pair,
+    after a probe in the serving image read both builds.
 author:
   - dgx_spark.cluster contributors (!UNKNOWN)
 attributes:
@@ -49,6 +55,18 @@ options:
         string where the node has none or its file name carries no version.
     type: dict
     default: {}
+  image_builds:
+    description:
+      - Node name to the build of the libnccl the serving image's torch maps there, as the
+        probe read it (C(path), C(real_path), C(size) in bytes, C(build_id) in hex, C(sha256)
+        where the file has no build ID); null where it was not read.
+    type: dict
+    default: {}
+  host_builds:
+    description:
+      - Node name to the build of that node's libnccl, in the same form as O(image_builds).
+    type: dict
+    default: {}
 """
 
 EXAMPLES = r"""
@@ -56,7 +74,17 @@ EXAMPLES = r"""
   dgx_spark.cluster.nccl_choice:
     mode: auto
     image_versions: {spark-1: "2.28.9", spark-2: "2.28.9"}
-    host_versions: {spark-1: "2.30.7", spark-2: "2.30.7"}
+    image_builds:
+      spark-1: {real_path: /usr/local/lib/python3.12/dist-packages/nvidia/nccl/lib/libnccl.so.2,
+                size: 219000000, build_id: a7f420a1}
+      spark-2: {real_path: /usr/local/lib/python3.12/dist-packages/nvidia/nccl/lib/libnccl.so.2,
+                size: 219000000, build_id: a7f420a1}
+    host_versions: {spark-1: "2.28.9", spark-2: "2.28.9"}
+    host_builds:
+      spark-1: {real_path: /usr/lib/aarch64-linux-gnu/libnccl.so.2.28.9, size: 190000000,
+                build_id: c0db9360}
+      spark-2: {real_path: /usr/lib/aarch64-linux-gnu/libnccl.so.2.28.9, size: 190000000,
+                build_id: c0db9360}
   register: choice
   run_once: true
 """
@@ -90,6 +118,17 @@ hosts:
   returned: always
   type: dict
   sample: {spark-1: 2.30.7, spark-2: 2.30.7}
+image_build:
+  description: The build of the image's libnccl as weighed (null when not read).
+  returned: always
+  type: dict
+  sample: {path: /usr/local/lib/python3.12/dist-packages/nvidia/nccl/lib/libnccl.so.2,
+           real_path: /usr/local/lib/python3.12/dist-packages/nvidia/nccl/lib/libnccl.so.2,
+           size: 219000000, build_id: a7f420a1, sha256: null}
+host_builds:
+  description: Node name to the build of its libnccl as weighed (null when not read).
+  returned: always
+  type: dict
 """
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
@@ -104,14 +143,23 @@ def main() -> None:
             "mode": {"type": "str", "choices": list(nc.MODES), "default": "auto"},
             "image_versions": {"type": "dict", "default": {}},
             "host_versions": {"type": "dict", "default": {}},
+            "image_builds": {"type": "dict", "default": {}},
+            "host_builds": {"type": "dict", "default": {}},
         },
         supports_check_mode=True,
     )
     params = module.params
-    result = nc.choose_pair(params["image_versions"], params["host_versions"], params["mode"])
+    result = nc.choose_pair(
+        params["image_versions"],
+        params["host_versions"],
+        params["mode"],
+        params["image_builds"],
+        params["host_builds"],
+    )
     for warning in result["warnings"]:
         module.warn(warning)
-    out = {k: result[k] for k in ("library", "pending", "message", "image", "hosts")}
+    keys = ("library", "pending", "message", "image", "hosts", "image_build", "host_builds")
+    out = {k: result[k] for k in keys}
     out["warned"] = result["warnings"]
     if not result["passed"]:
         module.fail_json(msg=result["message"], **{k: v for k, v in out.items() if k != "message"})

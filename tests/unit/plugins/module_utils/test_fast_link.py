@@ -258,6 +258,8 @@ def test_comm_env_for_the_twins():
         "TP_SOCKET_IFNAME": "enp1s0f1np1",
         "UCX_NET_DEVICES": "enp1s0f1np1",
         "OMPI_MCA_btl_tcp_if_include": "enp1s0f1np1",
+        "NCCL_IGNORE_CPU_AFFINITY": "1",
+        "NCCL_NVLS_ENABLE": "0",
         "NCCL_IB_HCA": "rocep1s0f1,roceP2p1s0f1",
         "NCCL_IB_DISABLE": "0",
     }
@@ -279,12 +281,14 @@ def test_comm_env_without_roce_disables_ib():
     assert env["NCCL_SOCKET_IFNAME"] == "eth0"
     assert env["NCCL_IB_DISABLE"] == "1"
     assert "NCCL_IB_HCA" not in env
+    # The GB10's own NCCL settings stand without RoCE too (nothing reads them on CPU and Gloo).
+    assert (env["NCCL_IGNORE_CPU_AFFINITY"], env["NCCL_NVLS_ENABLE"]) == ("1", "0")
 
 
 def test_comm_env_extra_wins_and_is_checked():
     links = resolve(TWINS_1)["links"]
-    env = fl.comm_env(links, "198.51.100.11", {"NCCL_IB_GID_INDEX": 3, "NCCL_IB_DISABLE": "0"})
-    assert env["NCCL_IB_GID_INDEX"] == "3"
+    env = fl.comm_env(links, "198.51.100.11", {"NCCL_IB_GID_INDEX": 3, "NCCL_NVLS_ENABLE": 1})
+    assert env["NCCL_IB_GID_INDEX"] == "3" and env["NCCL_NVLS_ENABLE"] == "1"
     with pytest.raises(ValueError, match="'BAD-KEY' is not an environment name"):
         fl.comm_env(links, "198.51.100.11", {"BAD-KEY": "1"})
     with pytest.raises(ValueError, match="NCCL_DEBUG holds a line break"):

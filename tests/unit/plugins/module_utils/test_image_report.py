@@ -27,10 +27,15 @@ ROCE_ENV = (
     "# Communication environment of spark-1\n"
     "VLLM_HOST_IP=192.168.100.10\n"
     "NCCL_SOCKET_IFNAME=enp1s0f0np0\n"
+    "NCCL_IGNORE_CPU_AFFINITY=1\n"
+    "NCCL_NVLS_ENABLE=0\n"
     "NCCL_IB_HCA=rocep1s0f0,roceP2p1s0f0\n"
     "NCCL_IB_DISABLE=0\n"
 )
-SIM_ENV = "VLLM_HOST_IP=172.28.0.11\nNCCL_SOCKET_IFNAME=eth1\nNCCL_IB_DISABLE=1\n"
+SIM_ENV = (
+    "VLLM_HOST_IP=172.28.0.11\nNCCL_SOCKET_IFNAME=eth1\nNCCL_IGNORE_CPU_AFFINITY=1\n"
+    "NCCL_NVLS_ENABLE=0\nNCCL_IB_DISABLE=1\n"
+)
 
 
 def probe(name="probe_report_sim_serving.json"):
@@ -123,6 +128,30 @@ def test_a_removed_package_is_not_installed():
 )  # fmt: skip
 def test_the_images_nccl_is_what_torch_says_else_the_wheel_file_or_package(found, nccl):
     assert ir.nccl_of(found) == nccl
+
+
+def test_the_build_the_ranks_map_stands_beside_the_version():
+    """Status adds the build of the image's libnccl the ranks map (read where they run): the
+    report's line names it in eight hex digits, or the file's sha256 where it has no build ID."""
+    found = {"distributions": {"nvidia-nccl-cu13": "2.28.9"}}
+    report = report_of({**probe(), "report": {**probe()["report"], **found}})
+    wheel = "/usr/local/lib/python3.12/dist-packages/nvidia/nccl/lib/libnccl.so.2"
+    build = {"path": wheel, "real_path": wheel, "size": 219_000_000,
+             "build_id": "a7f420a1" + "5e" * 16, "sha256": None, "error": None}  # fmt: skip
+    shown = ir.with_nccl_build(report, build)
+    assert shown["nccl"] == {
+        "version": "2.28.9",
+        "source": "the nvidia-nccl-cu13 package",
+        "build": {k: build[k] for k in ("path", "real_path", "size", "build_id", "sha256")},
+    }
+    assert "NCCL 2.28.9 (build a7f420a1), Ray 2.60.0" in shown["summary"]
+    assert "build" not in report["nccl"] and "NCCL 2.28.9, Ray" in report["summary"]
+    hashed = ir.with_nccl_build(report, {**build, "build_id": None, "sha256": "ab" * 32})
+    assert "NCCL 2.28.9 (build sha256:abababab)" in hashed["summary"]
+    # No NCCL in the image (the sim's CPU build) or no build read: the report as it was.
+    sim = report_of(probe())
+    assert ir.with_nccl_build(sim, build) is sim
+    assert ir.with_nccl_build(report, None) is report
 
 
 def test_a_report_needs_the_probes_report():

@@ -292,7 +292,7 @@ def test_status_carries_each_nodes_image_report_and_rank_nccl(answers):
     status = _report(answers, settings={"ranks": ranks, "nccl_in_container": IN})
     one, two = status["nodes"]["spark-1"], status["nodes"]["spark-2"]
     assert one["image_report"]["vllm"] == "0.32.0+cpu"
-    assert one["nccl"] == {"library": "image", "version": "2.28.3", "paths": [WHEEL]}
+    assert one["nccl"] == {"library": "image", "version": "2.28.3", "paths": [WHEEL], "build": None}
     assert two["nccl"]["library"] == "host" and two["image_report"] is None
     # A missing report is a warning, not a problem: the pair still serves.
     assert status["healthy"]
@@ -309,3 +309,43 @@ def test_status_carries_each_nodes_image_report_and_rank_nccl(answers):
 def test_status_without_ranks_read_prints_no_image_lines(answers):
     lines = pair_status.render(_report(answers))
     assert not any(" ranks load " in line for line in lines)
+
+
+# The builds the ranks map, as ranks.yml reads them in the Ray container (elf_notes'
+# library_build): the first eight hex digits of each 2.28.9 build's ID are the public reports'
+# (vLLM issues 41725 and 42354), the rest is made up.
+PIP_BUILD = {"path": WHEEL, "real_path": WHEEL, "size": 219_000_000,
+             "build_id": "a7f420a1" + "5e" * 16, "sha256": None, "error": None}  # fmt: skip
+DGX_BUILD = {"path": IN, "real_path": IN, "size": 190_000_000,
+             "build_id": "c0db9360" + "17" * 16, "sha256": None, "error": None}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("loaded", "short"),
+    [([WHEEL], "a7f420a1"), ([IN], "c0db9360"), (["/opt/other/libnccl.so.2.30.7"], None)],
+)
+def test_the_build_a_rank_maps_is_the_one_read_for_that_path(loaded, short):
+    builds = {WHEEL: PIP_BUILD, IN: DGX_BUILD}
+    nccl = pair_status.rank_nccl(loaded, _with_wheel(_image_report()), HOST_REAL, IN, builds)
+    assert ((nccl["build"] or {}).get("build_id") or "")[:8] == (short or "")
+
+
+def test_status_names_the_build_beside_the_version_and_in_the_image_report(answers):
+    report = _with_wheel(_image_report())
+    ranks = {
+        "spark-1": {"image_report": report, "nccl_loaded": [WHEEL], "nccl_host_library": HOST_REAL,
+                    "nccl_builds": {WHEEL: PIP_BUILD}},
+        "spark-2": {"image_report": report, "nccl_loaded": [IN], "nccl_host_library": HOST_REAL,
+                    "nccl_builds": {IN: DGX_BUILD}},
+    }  # fmt: skip
+    status = _report(answers, settings={"ranks": ranks, "nccl_in_container": IN})
+    one, two = status["nodes"]["spark-1"], status["nodes"]["spark-2"]
+    assert one["nccl"]["build"]["size"] == 219_000_000
+    # The ranks of spark-1 map the image's file: its report names the build; spark-2's ranks
+    # map the node's, so its image report stays as the image made it.
+    assert one["image_report"]["nccl"]["build"]["build_id"].startswith("a7f420a1")
+    assert "NCCL 2.28.3 (build a7f420a1)" in one["image_report"]["summary"]
+    assert "build" not in two["image_report"]["nccl"]
+    lines = pair_status.render(status)
+    assert f"  spark-1 ranks load the image's NCCL 2.28.3, build a7f420a1 ({WHEEL})" in lines
+    assert f"  spark-2 ranks load the node's NCCL 2.28.9, build c0db9360 ({IN})" in lines
