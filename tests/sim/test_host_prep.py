@@ -105,6 +105,8 @@ def test_comm_env_file(runs, hosts, nodes):
         ):
             assert env[key] == fast, f"{node.name}: {key}"
         assert env["NCCL_IB_DISABLE"] == "1" and "NCCL_IB_HCA" not in env
+        # NCCL settings of the GB10 itself, written on every node (fast_link.comm_env says why).
+        assert env["NCCL_IGNORE_CPU_AFFINITY"] == "1" and env["NCCL_NVLS_ENABLE"] == "0"
 
 
 def test_netplan_file_a_spark_would_get(runs, hosts, nodes):

@@ -80,4 +80,4 @@ def test_status_prints_the_report_and_the_ranks_nccl(pair_with_images, tmp_path)
     for node in pair_with_images:
         entry = status["nodes"][node.name]
         assert entry["image_report"]["image_id"] == entry["ray"]["image_id"]
-        assert entry["nccl"] == {"library": None, "version": None, "paths": []}
+        assert entry["nccl"] == {"library": None, "version": None, "paths": [], "build": None}
