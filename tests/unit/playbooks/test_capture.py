@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import tarfile
@@ -54,6 +55,12 @@ def _stand_ins(tmp_path: Path) -> Path:
         # The keys of DGX OS's release file; the serial number names the machine.
         "dgx-release": 'DGX_NAME="DGX Spark"\nDGX_PRETTY_NAME="NVIDIA DGX Spark"\n'
         'DGX_SWBUILD_VERSION="7.2.3"\nDGX_SERIAL_NUMBER="SERIAL-0000-TEST"\nDGX_OTA_VERSION="7.3.1"\n',
+        "rdma": tool_output(FIXTURES / "host_prep/ib_write_bw_spark_rocep1s0f1.txt"),
+        "rdma_server": tool_output(FIXTURES / "host_prep/ib_read_bw_memlock_64k.txt"),
+        "all_gather_perf": tool_output(FIXTURES / "host_prep/all_gather_perf_spark_ib.txt"),
+        # What host_prep leaves on a node: its comm.env, and nccl-tests' binary (a stand-in).
+        "comm.env": "NCCL_SOCKET_IFNAME=eth0\nNCCL_IB_HCA=rocep1s0f1,roceP2p1s0f1\n",
+        "all_gather_perf_binary": "",
     }
     for name, text in shown.items():
         (out / name).write_text(text)
@@ -68,6 +75,10 @@ def _stand_ins(tmp_path: Path) -> Path:
         "dpkg-query": f"cat '{out}/dpkg'; exit 1",
         # docker logs: the start on stdout, the secret lines on stderr (Docker's two streams).
         "docker": f"[ \"$1\" = logs ] && cat '{out}/log' && cat '{out}/secrets' >&2",
+        # ib_write_bw: the client names the peer's address last; the server does not.
+        "ib_write_bw": 'for last; do :; done; case "$last" in *.*.*.*) '
+        f"cat '{out}/rdma';; *) cat '{out}/rdma_server' >&2;; esac",
+        "mpirun": f"cat '{out}/all_gather_perf'",
     }
     for name, body in scripts.items():
         (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
@@ -75,14 +86,17 @@ def _stand_ins(tmp_path: Path) -> Path:
     return bin_dir
 
 
-def _inventory(tmp_path: Path, hardware: bool) -> Path:
+def _inventory(tmp_path: Path, hardware: bool, twin_ip: str | None) -> Path:
+    """Two local nodes; their twins on documentation addresses (RFC 5737), which no interface
+    here carries, or all on ``twin_ip``."""
     host = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
-    # Documentation addresses (RFC 5737): no interface here carries them.
     nodes = {
         name: {
             **host,
             "spark_fast_ip": f"198.51.100.{last}",
-            "host_prep_cx7_links": [{"address": f"198.51.{net}.{last}/24"} for net in (100, 101)],
+            "host_prep_cx7_links": [
+                {"address": f"{twin_ip or f'198.51.{net}.{last}'}/24"} for net in (100, 101)
+            ],
         }
         for name, last in (("spark-1", 11), ("spark-2", 12))
     }
@@ -138,28 +152,37 @@ IMAGES = [
 ]  # fmt: skip
 
 
-def capture(tmp_path: Path, *extra: str, hardware: bool = True, tools: bool = True, docker=True):
-    """Run the playbook; (the CompletedProcess, the archive's folder unpacked or None)."""
+def capture(
+    tmp_path: Path,
+    *extra: str,
+    hardware: bool = True,
+    tools: bool = True,
+    docker: str = "serving",
+    twin_ip: str | None = None,
+):
+    """Run the playbook; (the CompletedProcess, the archive's folder unpacked or None).
+    ``docker``: ``serving`` (the serving container and two images), ``idle`` (the images, no
+    container) or ``none`` (no daemon answers)."""
     bin_dir = _stand_ins(tmp_path) if tools else tmp_path / "none"
     if tools:
         extra = ("-e", f"_operate_capture_release_file={tmp_path}/out/dgx-release", *extra)
     dest = tmp_path / "captures"
     dest.mkdir()
-    inventory = _inventory(tmp_path, hardware)
+    inventory = _inventory(tmp_path, hardware, twin_ip)
     # Nothing here needs root, and sudo may ask for a password: become is off.
     argv = [
         str(BIN / "ansible-playbook"), "playbooks/capture.yml", "-i", str(inventory),
         "-e", "ansible_become=false", "-e", f"capture_dir={dest}", *extra,
     ]  # fmt: skip
-    containers, images = ([SERVING_CONTAINER], IMAGES) if docker else ([], [])
-    with docker_api(containers, images) as host:
+    containers = [SERVING_CONTAINER] if docker == "serving" else []
+    with docker_api(containers, IMAGES if docker != "none" else []) as host:
         env = {
             **os.environ,
             "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
             "ANSIBLE_NOCOLOR": "1",
             "ANSIBLE_LOCALHOST_WARNING": "0",
             # No daemon answers there when Docker is to be absent.
-            "DOCKER_HOST": host if docker else f"unix://{tmp_path}/no-docker.sock",
+            "DOCKER_HOST": host if docker != "none" else f"unix://{tmp_path}/no-docker.sock",
             "PATH": f"{bin_dir}:{BIN}:/usr/bin:/bin",
         }
         proc = subprocess.run(
@@ -287,7 +310,7 @@ def test_the_benchmarks_are_held_back_beside_a_serving_container(on_sparks):
 
 
 def test_off_hardware_without_the_tools_everything_is_recorded_absent(tmp_path):
-    proc, archive = capture(tmp_path, hardware=False, tools=False, docker=False)
+    proc, archive = capture(tmp_path, hardware=False, tools=False, docker="none")
     assert proc.returncode == 0, proc.stdout[-6000:]
     assert sorted(p.name for p in (archive / "spark-1").iterdir()) == [
         "captures.json",
@@ -316,3 +339,66 @@ def test_check_mode_runs_to_the_end_and_writes_nothing(tmp_path):
     assert archive is None
     assert "check mode: nothing written" in proc.stdout
     assert list((tmp_path / "captures").iterdir()) == []
+
+
+def _local_address() -> str | None:
+    """This machine's IPv4 address on its default route (a UDP socket connects without
+    sending anything), or None."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect(("192.0.2.1", 9))
+            return probe.getsockname()[0]
+    except OSError:
+        return None
+
+
+def test_where_nothing_serves_the_link_benchmarks_run_as_host_prep_runs_them(tmp_path):
+    """No serving container, every twin on an address of this machine, perftest installed,
+    host_prep's comm.env and nccl-tests' binary in place: ib_write_bw runs from the first node
+    to each twin of the other, whose servers answer, and all_gather_perf through mpirun."""
+    address = _local_address()
+    if address is None:
+        pytest.skip("this machine has no IPv4 address on a default route")
+    out = tmp_path / "out"
+    extra = [
+        *("-e", "host_prep_rdma_duration_s=1", "-e", "host_prep_nccl_check=nccl-tests"),
+        *("-e", f"host_prep_comm_env_file={out}/comm.env"),
+        *("-e", f"host_prep_nccl_tests_binary={out}/all_gather_perf_binary"),
+    ]
+    proc, archive = capture(tmp_path, *extra, docker="idle", twin_ip=address)
+    assert proc.returncode == 0, proc.stdout[-6000:]
+    assert "ib_write_bw: runs" in proc.stdout and "NCCL check (nccl-tests): runs" in proc.stdout
+    first = {p.name for p in (archive / "spark-1").iterdir()}
+    assert {"ib_write_bw_rocep1s0f1_to_spark-2.txt", "ib_write_bw_roceP2p1s0f1_to_spark-2.txt",
+            "all_gather_perf.txt"} <= first  # fmt: skip
+    assert not {n for n in first if n.startswith("ib_write_bw_server_")}
+    second = {p.name for p in (archive / "spark-2").iterdir()}
+    assert {n for n in second if n.startswith(("ib_write_bw", "all_gather"))} == {
+        "ib_write_bw_server_rocep1s0f1.txt",
+        "ib_write_bw_server_roceP2p1s0f1.txt",
+    }
+    client = archive / "spark-1/ib_write_bw_roceP2p1s0f1_to_spark-2.txt"
+    assert (
+        f"`ib_write_bw -d roceP2p1s0f1 -F --report_gbits -q 4 -s 1048576 -D 1 -p 18516 {address}`"
+        " as root, perftest 24.01.0-1." in split(client)[0]
+    )
+    # The servers' bound, host_prep's: 60 s and, per twin of each node, the run's 1 s + 10 s.
+    server = split(archive / "spark-2/ib_write_bw_server_rocep1s0f1.txt")[0]
+    assert (
+        "`timeout 104 ib_write_bw -d rocep1s0f1 -F --report_gbits -q 4 -s 1048576 -D 1 -p 18515`"
+        in server
+    )
+    for node in ("spark-1", "spark-2"):
+        for path in sorted((archive / node).glob("*")):
+            if path.name in CONTEXT:
+                continue
+            assert provenance_errors(path) == [], path
+            (entry, *_nccl) = [c for c in CAPTURES if Path(path.name).match(c.name)]
+            parsed = parse(entry, tool_output(path))
+            assert entry.shows is None or entry.shows(parsed), path.name
+    mpirun = split(archive / "spark-1/all_gather_perf.txt")[0]
+    assert "-x NCCL_SOCKET_IFNAME -x NCCL_IB_HCA -x NCCL_DEBUG" in mpirun, mpirun
+    # The servers' async jobs were reaped, and Ansible's records of them removed.
+    cleanup = proc.stdout.split("Remove the servers' job records]", 1)[1].split("TASK [", 1)[0]
+    assert "ok: [spark-2] => (item=rocep1s0f1)" in cleanup, cleanup
+    assert "ok: [spark-2] => (item=roceP2p1s0f1)" in cleanup, cleanup
