@@ -8,11 +8,12 @@ Docker): the probes are the collection's own programs, read from the checkout, n
 * ``memory``: roles/vllm_serve/files/memory_probe.py (the memory vLLM will see);
 * ``report``: the image report of vllm_registry_info (plugins/module_utils/vllm_image_probe.py
   with a report request: torch's CUDA and NCCL, the NCCL and libibverbs files);
-* ``nccl``: ray_cluster's NCCL-version probe (the program in roles/ray_cluster/tasks/
-  nccl_choice.yml).
+* ``nccl``: ray_cluster's NCCL probe (roles/ray_cluster/files/nccl_probe.py with
+  plugins/module_utils/elf_notes.py, as tasks/nccl_choice.yml runs it), with the machine's
+  system libnccl standing in for a node's.
 
-Usage: gpu_probes.py OUT_DIR "WHERE" (WHERE: the machine, for the header). Standard library
-and PyYAML; the probes import what they import (torch, vLLM where present).
+Usage: gpu_probes.py OUT_DIR "WHERE" [NODE_LIBNCCL] (WHERE: the machine, for the header).
+Standard library; the probes import what they import (torch, vLLM where present).
 """
 
 from __future__ import annotations
@@ -23,22 +24,21 @@ import sys
 import time
 from pathlib import Path
 
-import yaml
-
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "plugins" / "module_utils"))
+# The checkout as the collection dgx_spark.cluster (collections/ holds the link).
+sys.path.insert(0, str(ROOT / "collections"))
 
-import vllm_image_probe  # noqa: E402
+from ansible_collections.dgx_spark.cluster.plugins.module_utils import (  # noqa: E402
+    vllm_image_probe,
+)
 
 
-def nccl_probe_source() -> str:
-    tasks = yaml.safe_load((ROOT / "roles/ray_cluster/tasks/nccl_choice.yml").read_text())
-    for task in tasks:
-        for key in ("vars",):
-            source = (task.get(key) or {}).get("_ray_cluster_image_nccl_probe")
-            if source:
-                return source
-    raise SystemExit("no NCCL probe program in roles/ray_cluster/tasks/nccl_choice.yml")
+def nccl_probe() -> list[str]:
+    return [
+        sys.executable, "-c", (ROOT / "roles/ray_cluster/files/nccl_probe.py").read_text(),
+        (ROOT / "plugins/module_utils/elf_notes.py").read_text(),
+        *sys.argv[3:4],
+    ]  # fmt: skip
 
 
 PROBES = {
@@ -47,7 +47,7 @@ PROBES = {
         *vllm_image_probe.probe_entrypoint(sys.executable),
         vllm_image_probe.probe_request("static", [], report=True),
     ],
-    "nccl": lambda: [sys.executable, "-c", nccl_probe_source()],
+    "nccl": nccl_probe,
 }
 
 
