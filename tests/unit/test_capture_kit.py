@@ -25,7 +25,11 @@ from support.captures import FIXTURES, provenance_errors, tool_output
 ROOT = Path(__file__).resolve().parents[2]
 KIT = ROOT / "roles/operate/tasks"
 KIT_FILES = ("capture.yml", "capture_benchmarks.yml", "capture_write.yml")
+# The kit's archive from the simulated pair (unpacked), read like an owner's: what a CPU node
+# without the Spark's tools gives (meminfo, the images, the start log; the rest recorded absent).
+SIM_CAPTURE = ROOT / "tests/unit/captures/sim"
 ARCHIVE = os.environ.get("DGX_SPARK_CAPTURES", "")
+ARCHIVES = [None, SIM_CAPTURE, *([Path(ARCHIVE)] if ARCHIVE else [])]
 IDS = [f"{c.name}->{Path(c.fixture).name}" for c in CAPTURES]
 
 
@@ -192,21 +196,21 @@ def test_the_kit_changes_nothing_it_does_not_take_back():
 # --------------------------------------------------------------------------- through the parsers
 
 
-def _sources(capture: Capture) -> list[Path]:
+def _sources(capture: Capture, archive: Path | None) -> list[Path]:
     """The files to read for ``capture``: the archive's, else the fixture it stands for."""
-    if not ARCHIVE:
+    if archive is None:
         return [FIXTURES / capture.fixture]
     return sorted(
         path
-        for path in Path(ARCHIVE).glob("*/*")
+        for path in archive.glob("*/*")
         if path.is_file() and fnmatch.fnmatch(path.name, capture.name)
     )
 
 
-def _why_none(capture: Capture) -> str:
+def _why_none(capture: Capture, archive: Path) -> str:
     """What the archive's captures.json say of a capture it does not hold."""
     said = {}
-    for listed in sorted(Path(ARCHIVE).glob("*/captures.json")):
+    for listed in sorted(archive.glob("*/captures.json")):
         for entry in json.loads(listed.read_text())["files"]:
             if fnmatch.fnmatch(entry["file"], capture.name) or fnmatch.fnmatch(
                 capture.name, entry["file"]
@@ -215,23 +219,49 @@ def _why_none(capture: Capture) -> str:
     return "; ".join(f"{node}: {words}" for words, node in said.items()) or "not in the archive"
 
 
+@pytest.mark.parametrize("archive", ARCHIVES, ids=lambda a: "fixtures" if a is None else a.name)
 @pytest.mark.parametrize("capture", CAPTURES, ids=IDS)
-def test_each_capture_reads_through_the_parser_of_its_fixture(capture: Capture):
-    sources = _sources(capture)
+def test_each_capture_reads_through_the_parser_of_its_fixture(capture: Capture, archive):
+    sources = _sources(capture, archive)
     if not sources:
-        pytest.skip(f"{ARCHIVE}: no {capture.name} ({_why_none(capture)})")
+        pytest.skip(f"{archive}: no {capture.name} ({_why_none(capture, archive)})")
     for path in sources:
         assert provenance_errors(path) == [], path
         parsed = parse(capture, tool_output(path))
         assert capture.shows is None or capture.shows(parsed), f"{path}: {parsed!r:.300}"
 
 
-@pytest.mark.skipif(not ARCHIVE, reason="DGX_SPARK_CAPTURES names no unpacked archive")
-def test_the_archive_holds_a_folder_per_node_with_its_list():
-    nodes = [p for p in Path(ARCHIVE).iterdir() if p.is_dir()]
-    assert nodes, f"{ARCHIVE}: no node folder"
+@pytest.mark.parametrize("archive", ARCHIVES[1:], ids=lambda a: a.name)
+def test_the_archive_holds_a_folder_per_node_with_its_list(archive):
+    nodes = [p for p in archive.iterdir() if p.is_dir()]
+    assert nodes, f"{archive}: no node folder"
     for node in nodes:
         listed = json.loads((node / "captures.json").read_text())
         assert listed["node"] == node.name
         written = {e["file"] for e in listed["files"] if e["status"] == "captured"}
         assert written == {p.name for p in node.iterdir()} - set(CONTEXT)
+
+
+def test_the_sims_capture_names_the_fixtures_its_files_would_replace():
+    """What the simulated pair's capture holds, and which reconstructed fixture each of its
+    files stands beside: a Spark's capture replaces those (and the ones the sim cannot give)."""
+    replaces = {}
+    for capture in CAPTURES:
+        for path in _sources(capture, SIM_CAPTURE):
+            replaces.setdefault(f"{path.parent.name}/{path.name}", set()).add(capture.fixture)
+    assert replaces == {
+        "spark-1/meminfo.txt": {"vllm_serve/meminfo_spark_idle.txt"},
+        "spark-2/meminfo.txt": {"vllm_serve/meminfo_spark_idle.txt"},
+        # The start log, and NCCL's transport lines where NCCL_DEBUG was on (none on the sim).
+        "spark-1/vllm_start.log": {
+            "vllm_serve/start_spark_gpu_reconstructed.log",
+            "host_prep/nccl_debug_spark_ibext.txt",
+        },
+    }
+    absent = {
+        entry["file"]
+        for listed in SIM_CAPTURE.glob("*/captures.json")
+        for entry in json.loads(listed.read_text())["files"]
+        if entry["status"] == "absent"
+    }
+    assert {"ibdev2netdev.txt", "nvidia_smi_gpus.txt"} <= absent, absent
