@@ -19,7 +19,6 @@ from ansible_collections.dgx_spark.cluster.plugins.plugin_utils.vllm_serve_colle
 )
 from ansible_collections.dgx_spark.cluster.plugins.plugin_utils.vllm_serve_memory import (
     vllm_serve_cma_check,
-    vllm_serve_held_bytes,
     vllm_serve_memory_check,
     vllm_serve_memory_setting_errors,
     vllm_serve_vllm_memory_check,
@@ -124,7 +123,6 @@ OPERATIONS = {
     "memory_setting_errors": vllm_serve_memory_setting_errors,
     "memory_check": vllm_serve_memory_check,
     "vllm_memory_check": vllm_serve_vllm_memory_check,
-    "held_bytes": vllm_serve_held_bytes,
     "cma_check": vllm_serve_cma_check,
 }
 

@@ -47,17 +47,6 @@ def vllm_serve_vllm_memory_check(nodes, hostvars, gpu_memory_utilization):
         raise AnsibleFilterError(f"vLLM's memory figure: {exc}") from exc
 
 
-def vllm_serve_held_bytes(compute_apps="", rank_pids=None):
-    """GPU memory the running ranks hold (bytes), which a restart gives back."""
-    try:
-        return spark_memory.held_by(
-            spark_memory.parse_compute_apps(str(compute_apps or "")),
-            spark_memory.parse_pids(" ".join(str(p) for p in rank_pids or [])),
-        )["bytes"]
-    except ValueError as exc:
-        raise AnsibleFilterError(f"GPU memory the ranks hold: {exc}") from exc
-
-
 def vllm_serve_cma_check(meminfo, host=""):
     """Whether free CMA pageblocks lie outside every CMA area (KHO scratch)."""
     try:

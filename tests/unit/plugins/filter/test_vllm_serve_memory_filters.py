@@ -56,3 +56,24 @@ def test_setting_errors():
     assert f.vllm_serve_memory_setting_errors(0.8, 100) == [
         "vllm_serve_memory_margin_gib is 100; allowed: a number of GiB from 0 to 64"
     ]
+
+
+def test_vllms_figure_is_judged_from_each_nodes_probe_output_and_held_memory():
+    check = f.vllm_serve_vllm_memory_check
+    gib = 1 << 30
+    line = '{"source": "vLLM MemorySnapshot", "free": %d, "total": %d, "mem_available": %d}'
+    hostvars = {
+        "spark-1": {
+            "_vllm_serve_memory_probe": "INFO noise\n" + line % (80 * gib, 120 * gib, 89 * gib),
+            "_vllm_serve_memory_held": 10 * gib,
+        },
+        "spark-2": {"_vllm_serve_memory_probe": line % (70 * gib, 120 * gib, 79 * gib)},
+    }
+    decided = check(["spark-1", "spark-2"], hostvars, 0.7)
+    # 0.7 x 120 = 84 GiB: spark-1 sees 80 + 10 held, spark-2 only 70 (at most 0.58).
+    assert not decided["passed"]
+    assert decided["nodes"]["spark-1"]["fits"] == 0.75
+    assert "would refuse the start on spark-2 " in decided["message"]
+    assert "set vllm_serve_gpu_memory_utilization to 0.58 or lower" in decided["message"]
+    with pytest.raises(AnsibleFilterError, match="printed no answer"):
+        check(["spark-1"], {"spark-1": {"_vllm_serve_memory_probe": "Traceback"}}, 0.7)
