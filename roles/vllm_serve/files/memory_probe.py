@@ -64,7 +64,7 @@ def main() -> None:
     out = {"source": None, "free": None, "total": None, "device": None, "integrated": None,
            "mem_available": meminfo_available(), "vllm": None, "error": None}  # fmt: skip
     try:
-        import importlib.metadata as metadata
+        from importlib import metadata
 
         out["vllm"] = metadata.version("vllm")
     except Exception:  # noqa: BLE001 - no vLLM metadata: the version stays unknown
