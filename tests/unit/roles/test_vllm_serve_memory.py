@@ -7,17 +7,13 @@ from __future__ import annotations
 
 import json
 import os
-import socketserver
 import subprocess
 import sys
-import tempfile
-import threading
-from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
-import pytest
 import yaml
 from support.captures import tool_output
+from support.docker_stand_in import docker_api
 
 ROOT = Path(__file__).resolve().parents[3]
 BIN = Path(sys.executable).parent
@@ -25,69 +21,19 @@ FIXTURES = ROOT / "tests" / "unit" / "fixtures" / "vllm_serve"
 IDS = {"dgx-spark-vllm": "ab" * 32, "dgx-spark-ray": "cd" * 32}
 
 
-class _DockerAPI(BaseHTTPRequestHandler):
-    """The three calls community.docker.docker_container_info makes, and docker_image_info's
-    search, which finds no serving image (as on a first run: vLLM's own figure is measured at
-    the serve stage then)."""
-
-    protocol_version = "HTTP/1.1"
-    running: set[str] = set()
-
-    def address_string(self):
-        return "local"
-
-    def log_message(self, *args):
-        pass
-
-    def _send(self, code: int, body) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def do_GET(self):  # noqa: N802 (http.server's name)
-        path = self.path.split("?")[0]
-        names = {v: k for k, v in IDS.items()}
-        if path.endswith("/version"):
-            return self._send(200, {"ApiVersion": "1.41", "Version": "20.10.0"})
-        if path.endswith("/images/json"):
-            return self._send(200, [])
-        if path.endswith("/containers/json"):
-            return self._send(
-                200, [{"Id": IDS[n], "Names": [f"/{n}"], "State": "running"} for n in self.running]
-            )
-        if "/containers/" in path and path.endswith("/json"):
-            key = path.split("/containers/")[1].removesuffix("/json")
-            name = names.get(key, key)
-            if name in self.running:
-                return self._send(
-                    200, {"Id": IDS[name], "Name": f"/{name}", "State": {"Running": True}}
-                )
-            return self._send(404, {"message": f"No such container: {name}"})
-        return self._send(404, {"message": "not served here"})
+def _containers(running) -> list[dict]:
+    """The rank containers that run, as the shared stand-in Docker API serves them."""
+    return [
+        {"Id": IDS[name], "Names": [f"/{name}"], "State": "running", "Labels": {},
+         "inspect": {"Id": IDS[name], "Name": f"/{name}", "State": {"Running": True}}}
+        for name in running
+    ]  # fmt: skip
 
 
-class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
-    daemon_threads = True
-
-
-@pytest.fixture
-def docker_api():
-    # A short directory: a Unix socket's path is limited to about 100 bytes.
-    with tempfile.TemporaryDirectory(prefix="dgxmem") as directory:
-        server = _Server(os.path.join(directory, "docker.sock"), _DockerAPI)
-        thread = threading.Thread(target=server.serve_forever, daemon=True)
-        thread.start()
-        yield server
-        server.shutdown()
-        server.server_close()
-
-
-def run(tmp_path: Path, docker_api, samples: dict, running=(), **extra) -> dict:
-    """Run memory.yml on spark-1 and spark-2; {rc, out, results: {task name: result}}."""
-    _DockerAPI.running = set(running)
+def run(tmp_path: Path, samples: dict, running=(), **extra) -> dict:
+    """Run memory.yml on spark-1 and spark-2 against the stand-in Docker API (the rank
+    containers in ``running``, no serving image: as on a first run, vLLM's own figure is then
+    measured at the serve stage); {rc, out, results: {task name: result}}."""
     stubs = tmp_path / "bin"
     stubs.mkdir()
     (stubs / "docker").write_text("#!/bin/sh\n[ \"$1\" = top ] && printf 'PID\\n4100\\n4242\\n'\n")
@@ -139,14 +85,15 @@ def run(tmp_path: Path, docker_api, samples: dict, running=(), **extra) -> dict:
         "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
         "ANSIBLE_STDOUT_CALLBACK": "ansible.posix.json",
         "ANSIBLE_LOCALHOST_WARNING": "0",
-        "DOCKER_HOST": f"unix://{docker_api.server_address}",
         "PATH": f"{stubs}:{BIN}:{os.environ.get('PATH', '')}",
     }
     command = [str(BIN / "ansible-playbook"), "-i", str(tmp_path / "hosts.yml")]
-    proc = subprocess.run(
-        [*command, str(tmp_path / "play.yml")],
-        cwd=ROOT, env=env, text=True, capture_output=True, check=False, timeout=300,
-    )  # fmt: skip
+    with docker_api(_containers(running)) as docker_host:
+        proc = subprocess.run(
+            [*command, str(tmp_path / "play.yml")],
+            cwd=ROOT, env={**env, "DOCKER_HOST": docker_host}, text=True, capture_output=True,
+            check=False, timeout=300,
+        )  # fmt: skip
     report = json.loads(proc.stdout)
     # Role tasks are named "<role> : <name>".
     tasks = report["plays"][0]["tasks"]
@@ -158,9 +105,9 @@ MEMORY = "Refuse a start that a node's memory cannot hold"
 CMA = "Refuse a Spark whose free CMA pageblocks lie outside every CMA area"
 
 
-def test_a_running_group_is_not_refused_for_the_memory_it_holds(tmp_path, docker_api):
+def test_a_running_group_is_not_refused_for_the_memory_it_holds(tmp_path):
     samples = {"spark-1": "meminfo_spark_idle.txt", "spark-2": "meminfo_spark_llama_loaded.txt"}
-    got = run(tmp_path, docker_api, samples, running=["dgx-spark-vllm"])
+    got = run(tmp_path, samples, running=["dgx-spark-vllm"])
     assert got["rc"] == 0, got["out"]
     assert got["results"][CMA]["spark-1"]["msg"] == [
         "spark-1: CmaTotal 0 MiB, CmaFree 0 MiB",
@@ -174,9 +121,9 @@ def test_a_running_group_is_not_refused_for_the_memory_it_holds(tmp_path, docker
     )
 
 
-def test_memory_that_another_program_holds_refuses_the_pair(tmp_path, docker_api):
+def test_memory_that_another_program_holds_refuses_the_pair(tmp_path):
     samples = {"spark-1": "meminfo_spark_idle.txt", "spark-2": "meminfo_spark_llama_loaded.txt"}
-    got = run(tmp_path, docker_api, samples)
+    got = run(tmp_path, samples)
     assert got["rc"] != 0
     result = got["results"][MEMORY]["spark-1"]
     assert result["failed"] is True
@@ -190,9 +137,9 @@ def test_memory_that_another_program_holds_refuses_the_pair(tmp_path, docker_api
     ]
 
 
-def test_kho_scratch_is_refused_before_the_memory_is_looked_at(tmp_path, docker_api):
+def test_kho_scratch_is_refused_before_the_memory_is_looked_at(tmp_path):
     samples = {"spark-1": "meminfo_spark_idle.txt", "spark-2": "meminfo_spark_kho_1019.txt"}
-    got = run(tmp_path, docker_api, samples)
+    got = run(tmp_path, samples)
     assert got["rc"] != 0
     (message,) = got["results"][CMA]["spark-1"]["msg"]
     assert message.startswith("spark-2: CmaTotal 0 MiB, CmaFree 919 MiB: 919 MiB of free CMA")
@@ -200,9 +147,9 @@ def test_kho_scratch_is_refused_before_the_memory_is_looked_at(tmp_path, docker_
     assert MEMORY not in got["results"]
 
 
-def test_settings_out_of_range_are_refused_by_name(tmp_path, docker_api):
+def test_settings_out_of_range_are_refused_by_name(tmp_path):
     samples = {"spark-1": "meminfo_spark_idle.txt", "spark-2": "meminfo_spark_idle.txt"}
-    got = run(tmp_path, docker_api, samples, vllm_serve_memory_margin_gib=100)
+    got = run(tmp_path, samples, vllm_serve_memory_margin_gib=100)
     assert got["rc"] != 0
     result = got["results"]["Refuse memory check settings out of range"]["spark-1"]
     assert (
@@ -211,11 +158,9 @@ def test_settings_out_of_range_are_refused_by_name(tmp_path, docker_api):
     )
 
 
-def test_the_simulated_pair_says_it_skipped(tmp_path, docker_api):
+def test_the_simulated_pair_says_it_skipped(tmp_path):
     samples = {"spark-1": "meminfo_build_machine.txt", "spark-2": "meminfo_build_machine.txt"}
-    got = run(
-        tmp_path, docker_api, samples, spark_hardware=False, vllm_serve_gpu_memory_utilization=""
-    )
+    got = run(tmp_path, samples, spark_hardware=False, vllm_serve_gpu_memory_utilization="")
     assert got["rc"] == 0, got["out"]
     said = got["results"]["Say that the memory and CMA checks run on Sparks only"]["spark-1"]
     assert said["msg"].startswith("hardware-only: skipped the memory check before the ranks start")
