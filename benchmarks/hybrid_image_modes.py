@@ -13,7 +13,11 @@ The benchmark's images are removed before runs 1 and 3 and at the end. Task time
 the json callback. Prints, per run: wall time, the build, import-check and ship times, the
 bytes shipped and the number of changed tasks.
 
+On the simulated pair the inventory's base is served as it is (nothing is built): the runs
+take the older base, as molecule's images scenario does (--base; empty: the inventory's).
+
 Usage: hybrid_image_modes.py [--inventory inventories/sim] [--name dgx-spark/vllm-serving-bench]
+                             [--base vllm-node:0.14.1-ray2.60.0]
 """
 
 from __future__ import annotations
@@ -130,7 +134,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--inventory", type=Path, default=ROOT / "inventories" / "sim")
     parser.add_argument("--name", default="dgx-spark/vllm-serving-bench")
+    parser.add_argument("--base", default="vllm-node:0.14.1-ray2.60.0")
     args = parser.parse_args()
+    base = {"hybrid_image_base": args.base} if args.base else {}
     runs = [
         ("each_node, no image, no cache", True, {"hybrid_image_force": True}),
         ("each_node, rerun", False, {}),
@@ -148,7 +154,7 @@ def main() -> int:
                 label,
                 run(
                     args.inventory,
-                    {"hybrid_image_name": args.name, "hybrid_image_mode": mode, **extra},
+                    {"hybrid_image_name": args.name, "hybrid_image_mode": mode, **base, **extra},
                 ),
             )
         )
