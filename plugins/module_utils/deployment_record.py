@@ -263,8 +263,12 @@ def text_digest(text: str) -> str:
 
 
 def _image_reasons(before: dict, now: dict) -> list[tuple[str, str]]:
+    """The images the settings name now that are not what the last run left. An image recorded
+    by an earlier run that the settings no longer name (another base given to one run of the
+    images stage) is no difference: nothing of this deployment uses it, and the setting that
+    named it is judged as a setting."""
     reasons = []
-    for ref in sorted(set(before) | set(now)):
+    for ref in sorted(now):
         old, new = short(before.get(ref, "")), short(now.get(ref, ""))
         if before.get(ref, "") != now.get(ref, ""):
             reasons.append((ref, f"{ref} is {new} (was {old} at the last run)"))

@@ -428,3 +428,15 @@ def test_the_role_s_table_hands_a_stage_only_what_an_earlier_stage_leaves():
         for kind, items in kinds.items():
             for item in items:
                 assert order.index(owner[(kind, item)]) <= order.index(stage), (stage, item)
+
+
+def test_an_image_the_settings_no_longer_name_is_no_difference():
+    """molecule's images scenario gave the images stage another base once: the record keeps that
+    image, but the inventory's deploys name another one; only the images named now count."""
+    old_base, base = "vllm-node:0.14.1-ray2.60.0", "vllm-node:0.32.0-ray2.60.0"
+    before = {old_base: "sha256:" + "b9" * 32, base: "sha256:" + "48" * 32}
+    assert dr._image_reasons(before, {base: "sha256:" + "48" * 32}) == []
+    moved = dr._image_reasons(before, {base: "sha256:" + "08" * 32})
+    assert moved == [
+        (base, f"{base} is sha256:080808080808 (was sha256:484848484848 at the last run)")
+    ]
