@@ -87,7 +87,7 @@ build: venv
 molecule: sim-up molecule-scenarios
 
 # default first: on a pair that has never served, its converge is the pair's first deploy, and
-# the sim tests after molecule find the pair serving in step instead of deploying it again.
+# the sim tests after molecule find the pair serving as that converge left it (a no-op) instead of deploying it again.
 molecule-scenarios:
 	$(BIN)/molecule test -s default
 	$(BIN)/molecule test -s images

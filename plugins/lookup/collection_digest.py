@@ -18,9 +18,8 @@ description:
     C(.pyc) files; in the sorted order of those paths, feed each path in UTF-8, one NUL byte
     and the 32-byte SHA-256 of the file's contents into one SHA-256; the digest is its
     hexadecimal form.
-  - C(deploy.yml) puts it in the fingerprint of a full run (the deploy_state role's C(in_step)
-    entry point), so that a changed collection (an upgrade, a local edit) is never mistaken
-    for a pair already in step.
+  - C(deploy.yml) puts it among what a converge was given (the converge role's record), so
+    that a changed collection (an upgrade, a local edit) is never mistaken for a no-op.
 author:
   - dgx_spark.cluster contributors (!UNKNOWN)
 options: {}

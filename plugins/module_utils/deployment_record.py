@@ -1,51 +1,26 @@
 # Copyright: contributors to the dgx_spark.cluster collection
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""The records the stages keep on a node, and what a full run of deploy.yml left there.
+"""The converge record: what the last successful converge of deploy.yml left on a node, and
+what differs from it now; and the digests, the file walker and the atomic write every record
+of the collection uses (the stamps: plugins/module_utils/stamp.py).
 
-Every record has one shape (``stage_record``): ``format``, ``inputs`` (what the stage was
-given, resolved), ``digest`` (of the inputs) and what it found or left. ``read_stage_record``
-reads one back, ``inputs_changed`` names the inputs that differ from it, ``write_record``
-writes it atomically. The link check's record (link_plan), the collective's
-(rank_collective), the weights' verification (model_manifest), the args check's answers
-(args_check_cache) and the deployment record below are such records; ``digest`` and
-``tree_fingerprint`` are the one digest and the one walker they all use.
+A run of deploy.yml is either a **no-op** or a **converge**. It is a no-op when on every node
+the converge record (``converge_record``, one root-only file) has
 
-The deployment record (``deployment_state``, one file per node) holds under ``stages`` one such
-record per stage of deploy.yml, which the stage writes at its end (its playbook's last task,
-alone or within deploy.yml): its inputs are the digest of every setting the stage reads and of
-the inventory and the collection (deploy_stages.fingerprints). Under ``left``, what the stages
-left, each part refreshed by the stage that writes it:
+* the same ``inputs``: the collection's files (one digest) and every setting the run was given
+  (the values themselves, so a difference names what changed from what; a value whose name
+  says it is a key, password, token or secret is kept as a digest);
+* the same things ``left``: the collection's containers (ID, image, running, start time,
+  restarts), the images behind the serving alias, the base and the donor, the SHA-256 of the
+  host files the containers load (netplan, comm.env, the firewall's ruleset), the size and
+  time of every weight file, the live firewall table;
 
-* ``containers``: the collection's containers (ID, image, component, running, start, restarts);
-  a stage refreshes those of the components it starts (the serve stage the Ray containers too,
-  which it moves to a new image);
-* ``images``: the IDs behind the references the images stage reads (the serving alias, the
-  cluster base and the donor): a donor pulled anew changes what it would build;
-* ``files``: the SHA-256 of the host files host_prep writes and the containers load (netplan,
-  comm.env, the firewall's ruleset);
-* ``trees``: size and modification time of every file below a directory (the weights): a
-  file replaced, truncated or edited in place by hand changes them, and reading 119 GB again
-  on every rerun would not take seconds;
-* ``tables``: a digest of each live nftables table (stateless listing, so counters do not
-  count): a table flushed by hand differs from the file that loaded it.
+and every running rank container runs the image behind the serving alias, and the endpoint
+answers one token (the converge role asks). Anything else is a converge: every stage runs, each
+idempotent by Ansible's own comparisons, and the last play writes the record anew.
 
-A stage's entry in that table may also list what it is ``handed`` by the stages before it
-(the host files the ranks load, the weights, the Ray containers the serving group runs in);
-its record keeps a digest of each as it was when the stage ran (``handed``). So when a run
-starts at an earlier stage, a later one is asked again at its turn and runs only when its own
-record differs: a firewall rule changed by host_prep leaves the ranks alone, a comm.env it
-rewrote does not.
-
-``compare_stages`` names each difference in one line with the stage of deploy.yml it concerns:
-a stage without a record or whose inputs changed, and for what was left the first stage that
-leaves it (the deploy_state role's table of what each stage leaves, in deploy.yml's order).
-A full run starts at the earliest over all nodes (the controller knows the stages' order:
-plugins/plugin_utils/deploy_stages.py), as the stages before it have nothing to do. Besides
-the record, it checks that every running rank-holding container (components ``ray`` and
-``vllm``) runs the image behind the serving alias: after ``playbooks/images.yml`` moved the
-alias, the containers still run the old one, and the rerun must say so instead of "in step".
-
-Pure standard library; the module reads Docker and the files.
+``compare`` names each difference in one line; ``converge_record`` makes the record. Pure
+standard library; the module (plugins/modules/converge_record.py) reads Docker and the files.
 """
 
 from __future__ import annotations
@@ -54,24 +29,26 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import stat
 import tempfile
 
-# The shape of every record (stage_record); a record of another format is read as none.
+# The shape of every record (stamps and the converge record); another format is read as none.
 RECORD_FORMAT = 1
+# The converge record's own shape; an older collection's per-stage record is read as none, so
+# the first run after an upgrade converges.
+CONVERGE_FORMAT = 2
 RANK_COMPONENTS = ("ray", "vllm")
 COMPONENT_LABEL = "dgx_spark.cluster.component"
 # Beyond this many entries (files and directories) below one volume, the args check's
 # fingerprint of it costs more than it saves; such a configuration is not remembered.
 TREE_LIMIT = 20000
-NO_RECORD = "no record of a run of deploy.yml's stages on this node"
-# What the stages leave that a record keeps item by item (by reference, path, root, table).
+NO_RECORD = "no record of a converge on this node"
+# What the record keeps of what a converge left.
 ITEMS = ("images", "files", "trees", "tables")
-# What the record keeps of what the stages left: those, and the containers.
 LEFT = (*ITEMS, "containers")
-# What a stage leaves, by kind, in the role's table of what each stage leaves: the items, and
-# the components whose containers it starts or moves.
-KINDS = (*ITEMS, "components")
+# A setting whose value the record keeps as a digest only.
+SECRET = re.compile(r"(key|password|passwd|token|secret)", re.IGNORECASE)
 
 
 def short(image_id: str) -> str:
@@ -262,8 +239,8 @@ def text_digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest() if text else ""
 
 
-def _image_reasons(before: dict, now: dict) -> list[tuple[str, str]]:
-    """The images the settings name now that are not what the last run left. An image recorded
+def _image_reasons(before: dict, now: dict) -> list[str]:
+    """The images the settings name now that are not what the last converge left. An image recorded
     by an earlier run that the settings no longer name (another base given to one run of the
     images stage) is no difference: nothing of this deployment uses it, and the setting that
     named it is judged as a setting."""
@@ -271,18 +248,18 @@ def _image_reasons(before: dict, now: dict) -> list[tuple[str, str]]:
     for ref in sorted(now):
         old, new = short(before.get(ref, "")), short(now.get(ref, ""))
         if before.get(ref, "") != now.get(ref, ""):
-            reasons.append((ref, f"{ref} is {new} (was {old} at the last run)"))
+            reasons.append(f"{ref} is {new} (was {old} at the last converge)")
     return reasons
 
 
-def _file_reasons(before: dict, now: dict) -> list[tuple[str, str]]:
+def _file_reasons(before: dict, now: dict) -> list[str]:
     reasons = []
     for path in sorted(set(before) | set(now)):
         old, new = before.get(path, ""), now.get(path, "")
         if old == new:
             continue
         state = "gone since" if not new else ("not there at" if not old else "edited since")
-        reasons.append((path, f"{path}: {state} the last run"))
+        reasons.append(f"{path}: {state} the last converge")
     return reasons
 
 
@@ -292,25 +269,25 @@ def _some(names: list[str]) -> str:
     return ", ".join(names[:3]) + more
 
 
-def _tree_reasons(before: dict, now: dict) -> list[tuple[str, str]]:
+def _tree_reasons(before: dict, now: dict) -> list[str]:
     reasons = []
     for root in sorted(set(before) | set(now)):
         old, new = before.get(root) or {}, now.get(root) or {}
         changed = sorted(n for n in set(old) | set(new) if old.get(n) != new.get(n))
         if changed:
             named = _some(changed)
-            reasons.append((root, f"{root}: {named} changed, appeared or went since the last run"))
+            reasons.append(f"{root}: {named} changed, appeared or went since the last converge")
     return reasons
 
 
-def _table_reasons(before: dict, now: dict) -> list[tuple[str, str]]:
+def _table_reasons(before: dict, now: dict) -> list[str]:
     reasons = []
     for table in sorted(set(before) | set(now)):
         old, new = before.get(table, ""), now.get(table, "")
         if old == new:
             continue
         state = "gone" if not new else ("loaded" if not old else "differs")
-        reasons.append((table, f"nftables table {table}: {state} since the last run"))
+        reasons.append(f"nftables table {table}: {state} since the last converge")
     return reasons
 
 
@@ -327,160 +304,96 @@ def rank_image_reasons(serving_ref: str, serving_id: str, containers: dict) -> l
     ]
 
 
-def _container_reasons(recorded: dict, containers: dict) -> list[tuple[str, str]]:
-    """(component, reason) for each container that moved since a stage recorded it."""
+def _container_reasons(recorded: dict, containers: dict) -> list[str]:
+    """A line for each container that moved since the last converge recorded it."""
     reasons = []
     for name in sorted(set(recorded) | set(containers)):
         before, now = recorded.get(name), containers.get(name)
-        component = (now or before or {}).get("component", "")
         if before is None:
-            reasons.append((component, f"{name}: not there at the last run"))
+            reasons.append(f"{name}: not there at the last converge")
         elif now is None:
-            reasons.append((component, f"{name}: gone"))
+            reasons.append(f"{name}: gone")
         elif before["id"] != now["id"]:
-            reasons.append((component, f"{name}: recreated"))
+            reasons.append(f"{name}: recreated")
         elif before["running"] and not now["running"]:
-            reasons.append((component, f"{name}: not running"))
+            reasons.append(f"{name}: not running")
         elif before != now:
-            reasons.append((component, f"{name}: restarted or changed since the last run"))
+            reasons.append(f"{name}: restarted or changed since the last converge")
     return reasons
 
 
-def handed(spec: dict | None, now: dict) -> dict[str, str]:
-    """What a stage was handed by the stages before it, as ``now`` has it: ``{"<kind> <item>":
-    16 hex digits of its digest}`` for each item ``spec`` (kind -> items, KINDS) names; a
-    component stands for its containers. Its record keeps these (``recorded``)."""
-    found = {}
-    for kind in KINDS:
-        for item in (spec or {}).get(kind) or []:
-            if kind == "components":
-                containers = now.get("containers") or {}
-                value = {n: c for n, c in containers.items() if c.get("component") == item}
-            else:
-                value = (now.get(kind) or {}).get(item)
-            found[f"{kind} {item}"] = digest(value, 16)
-    return found
+def _value(value) -> str:
+    """A value as one short line for a reason."""
+    text = json.dumps(value, sort_keys=True, default=str)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _handed_reasons(sections: dict, now: dict, left: dict, named: set) -> list[tuple[str, str]]:
-    """(stage, reason) for each stage whose record was handed something other than what the
-    node has now (``handed`` in its entry of ``left``), unless the comparison named that item
-    already (``named``: "<kind> <item>"): the stage that leaves it runs first, and this one is
-    asked again when its turn comes (deploy.yml runs a later stage only when it differs)."""
+def recorded_inputs(settings: dict, common: dict) -> dict:
+    """What a converge record keeps of what a run was given: ``common`` (the inventory's
+    nodes and groups, the collection's digest) and each setting by name; a secret's value as
+    ``sha256:<12 hex digits>`` of it."""
+    kept = {}
+    for name, value in settings.items():
+        kept[name] = f"sha256:{digest(value, 12)}" if SECRET.search(name) else value
+    return {"common": common, "settings": kept}
+
+
+def _input_reasons(before: dict, now: dict) -> list[str]:
     reasons = []
-    for stage, kinds in left.items():
-        section = valid_record(sections.get(stage))
-        if section is None:
-            continue  # named already: no record of the stage
-        was = section.get("handed") or {}
-        for key, value in handed(kinds.get("handed"), now).items():
-            if key in named or was.get(key) == value:
-                continue
-            kind, item = key.split(" ", 1)
-            what = f"the {item} containers" if kind == "components" else item
-            reasons.append((stage, f"{what}: changed since the {stage} stage last ran"))
+    old_common, new_common = before.get("common") or {}, now.get("common") or {}
+    for name in sorted(set(old_common) | set(new_common)):
+        if old_common.get(name) != new_common.get(name):
+            what = "the collection's files" if name == "collection" else f"the inventory's {name}"
+            reasons.append(f"{what} changed since the last converge")
+    old, new = before.get("settings") or {}, now.get("settings") or {}
+    for name in sorted(set(old) | set(new)):
+        if name not in new:
+            reasons.append(f"{name}: no longer set (was {_value(old[name])})")
+        elif name not in old:
+            reasons.append(f"{name}: set to {_value(new[name])} (not set at the last converge)")
+        elif old[name] != new[name]:
+            reasons.append(f"{name}: {_value(old[name])} -> {_value(new[name])}")
     return reasons
 
 
-def owners(left: dict) -> dict[tuple[str, str], str]:
-    """(kind, item) -> the first stage, in ``left``'s order (deploy.yml's), that leaves it:
-    ``left`` maps each stage to what it leaves by kind (KINDS)."""
-    found: dict[tuple[str, str], str] = {}
-    for stage, kinds in left.items():
-        for kind in KINDS:
-            for item in kinds.get(kind) or []:
-                found.setdefault((kind, item), stage)
-    return found
-
-
-def _input_reasons(sections: dict, fingerprint: dict) -> list[tuple[str, str]]:
-    """(stage, reason) for each stage given (``fingerprint``: stage -> its inputs now) whose
-    record is missing or whose inputs differ, naming the settings that changed."""
-    reasons = []
-    for stage, inputs in fingerprint.items():
-        changed = inputs_changed(valid_record(sections.get(stage)), inputs)
-        if changed is None:
-            reasons.append((stage, f"no record of the {stage} stage on this node"))
-        elif changed:
-            names = ["the inventory or the collection" if n == "common" else n for n in changed]
-            reasons.append((stage, f"the {stage} stage's inputs changed: {_some(names)}"))
-    return reasons
-
-
-def read_deployment_record(text: str | None) -> dict | None:
-    """The deployment record from its JSON text; None when absent or of another shape (an
-    older collection's single record: every stage runs once)."""
-    record = read_stage_record(text, required=("stages", "left"))
-    if record is None or not isinstance(record["stages"], dict):
+def read_converge_record(text: str | None) -> dict | None:
+    """The converge record from its JSON text; None when absent, unreadable or of another
+    shape (an older collection's record: the next run converges)."""
+    try:
+        data = json.loads(text or "")
+    except ValueError:
         return None
-    return record if isinstance(record["left"], dict) else None
+    if not isinstance(data, dict) or data.get("format") != CONVERGE_FORMAT:
+        return None
+    if not isinstance(data.get("inputs"), dict) or not isinstance(data.get("left"), dict):
+        return None
+    return data
 
 
-def compare_stages(record: dict | None, now: dict, left: dict) -> list[tuple[str, str]]:
-    """What differs between a node's deployment record and the node now, as (the stage
-    concerned, the reason).
+def compare(record: dict | None, now: dict) -> list[str]:
+    """What differs between a node's converge record and the node now, one line each; empty
+    when the node is as the last converge left it.
 
-    ``now`` has ``fingerprint`` (stage -> the inputs each stage would record now), what the
-    stages leave (``containers``, ``images``, ``files``, ``trees``, ``tables``) and
-    ``serving_image`` ({"ref", "id"}), which is checked against the running containers and
-    not recorded. ``left`` (stage -> what it leaves, in deploy.yml's order) names the stage
-    each difference concerns: the first that leaves the item; the first stage for what no
-    stage leaves, and for a node without a record."""
-    first = next(iter(left), "")
-    owner = owners(left)
+    ``now`` has ``inputs`` (``recorded_inputs``), what is left (``containers``, ``images``,
+    ``files``, ``trees``, ``tables``) and ``serving_image`` ({"ref", "id"}), which is checked
+    against the running containers and not recorded."""
     serving = now.get("serving_image") or {}
-    ranks = owner.get(("components", "ray"), first)
-    reasons = [
-        (ranks, reason)
-        for reason in rank_image_reasons(
-            serving.get("ref", ""), serving.get("id", ""), now.get("containers") or {}
-        )
-    ]
+    reasons = rank_image_reasons(
+        serving.get("ref", ""), serving.get("id", ""), now.get("containers") or {}
+    )
     if not record:
-        return [(first, NO_RECORD), *reasons]
+        return [NO_RECORD, *reasons]
     was = record["left"]
-    reasons += _input_reasons(record["stages"], now.get("fingerprint") or {})
-    named = set()
-    for component, reason in _container_reasons(
-        was.get("containers") or {}, now.get("containers") or {}
+    reasons += _input_reasons(record["inputs"], now.get("inputs") or {})
+    reasons += _container_reasons(was.get("containers") or {}, now.get("containers") or {})
+    for kind, found in zip(
+        ITEMS, (_image_reasons, _file_reasons, _tree_reasons, _table_reasons), strict=True
     ):
-        named.add(f"components {component}")
-        reasons.append((owner.get(("components", component), first), reason))
-    for kind, found in (
-        ("images", _image_reasons),
-        ("files", _file_reasons),
-        ("trees", _tree_reasons),
-        ("tables", _table_reasons),
-    ):
-        for item, reason in found(was.get(kind) or {}, now.get(kind) or {}):
-            named.add(f"{kind} {item}")
-            reasons.append((owner.get((kind, item), first), reason))
-    return reasons + _handed_reasons(record["stages"], now, left, named)
+        reasons += found(was.get(kind) or {}, now.get(kind) or {})
+    return reasons
 
 
-def compare(record: dict | None, now: dict, left: dict) -> list[str]:
-    """The reasons of compare_stages, one line each; empty when the node is in step."""
-    return [reason for _stage, reason in compare_stages(record, now, left)]
-
-
-def stages_concerned(stage_reasons: list[tuple[str, str]]) -> list[str]:
-    """The stages the reasons concern, each once, in the reasons' order; empty when none."""
-    return list(dict.fromkeys(stage for stage, _reason in stage_reasons))
-
-
-def recorded(record: dict | None, now: dict, stage: str, components=()) -> dict:
-    """The deployment record after ``stage`` ran: its stage record made of
-    ``now["fingerprint"][stage]`` and what it was handed (``now["handed"]``, from
-    ``handed``, where it is handed anything); of what was left, each image, file, tree and
-    table given in ``now`` as it is now (the others as recorded) and the containers of
-    ``components`` as they are now (those of other components as recorded)."""
-    record = record or {"stages": {}, "left": {}}
-    kept = {"handed": now["handed"]} if now.get("handed") else {}
-    stages = {**record["stages"], stage: stage_record(now["fingerprint"][stage], **kept)}
-    left = {kind: dict(record["left"].get(kind) or {}) for kind in LEFT}
-    for kind in ITEMS:
-        left[kind].update(now.get(kind) or {})
-    kept = {n: c for n, c in left["containers"].items() if c.get("component") not in components}
-    fresh = {n: c for n, c in (now.get("containers") or {}).items() if c["component"] in components}
-    left["containers"] = {**kept, **fresh}
-    return {"format": RECORD_FORMAT, "stages": stages, "left": left}
+def converge_record(now: dict, at: str) -> dict:
+    """The record a successful converge writes: ``now``'s inputs and what it left, and when."""
+    left = {kind: now.get(kind) or {} for kind in LEFT}
+    return {"format": CONVERGE_FORMAT, "at": at, "inputs": now.get("inputs") or {}, "left": left}

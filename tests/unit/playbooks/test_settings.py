@@ -20,15 +20,6 @@ import yaml
 ROOT = Path(__file__).resolve().parents[3]
 BIN = Path(sys.executable).parent
 SETTINGS_PLAY = "Judge the settings on the controller, before any connection"
-JUDGED_BEFORE = "End here when the controller judged the same settings good before"
-
-
-@pytest.fixture(autouse=True)
-def controller_cache(tmp_path, monkeypatch):
-    """Each test's own controller cache (spark_controller_cache_dir reads DGX_SPARK_CACHE), so
-    no test meets the settings another judged."""
-    monkeypatch.setenv("DGX_SPARK_CACHE", str(tmp_path / "cache"))
-    return tmp_path / "cache"
 
 
 def deploy(*extra: str) -> tuple[int, str]:
@@ -82,7 +73,7 @@ def test_good_settings_pass_and_the_first_connection_comes_after():
     assert headers[:3] == [
         "Check the inventory",
         SETTINGS_PLAY,
-        "Find out whether the pair is already in step",
+        "Decide whether this run is a no-op or a converge",
     ]
     settings = output.split(f"PLAY [{SETTINGS_PLAY}]")[1].split("PLAY [")[0]
     assert "fatal:" not in settings and "UNREACHABLE" not in settings, settings
@@ -93,58 +84,11 @@ def test_good_settings_pass_and_the_first_connection_comes_after():
     assert len(headers) == 3, headers
 
 
-def judged(output: str) -> list[str]:
-    """The roles whose settings the settings play judged (its `Judge the settings of <role>`
-    tasks that ran)."""
-    settings = output.split(f"PLAY [{SETTINGS_PLAY}]")[1].split("PLAY [")[0]
-    return re.findall(r"^TASK \[Judge the settings of (\w+)\]", settings, flags=re.MULTILINE)
-
-
-def test_settings_judged_good_are_not_judged_again_until_one_changes(controller_cache):
-    rc, first = deploy()
-    assert rc == 4, first
-    assert "host_prep" in judged(first) and "vllm_serve" in judged(first), first
-    kept = sorted(p.name for p in (controller_cache / "settings_judged").iterdir())
-    assert len(kept) == 1 and re.fullmatch(r"[0-9a-f]{64}", kept[0]), kept
-
-    rc, again = deploy()
-    assert rc == 4, again
-    assert judged(again) == [], again
-    assert f"TASK [{JUDGED_BEFORE}]" in again
-    # The run goes on as after a judgement: the next play is the in-step check's.
-    assert plays(again)[:3] == plays(first)[:3], plays(again)
-
-    # Another good value of one setting: judged again, and remembered too.
-    rc, other = deploy("-e", "vllm_serve_port=8001")
-    assert rc == 4, other
-    assert "vllm_serve" in judged(other), other
-    assert len(list((controller_cache / "settings_judged").iterdir())) == 2
-
-    # A bad value is refused though the settings around it were judged good before, and it is
-    # never remembered.
-    rc, bad = deploy("-e", "vllm_serve_port=70000")
-    assert rc == 2, bad
-    assert "vllm_serve_port is '70000'" in " ".join(bad.split()), bad
-    rc, bad = deploy("-e", "vllm_serve_port=70000")
-    assert rc == 2, bad
-    assert len(list((controller_cache / "settings_judged").iterdir())) == 2
-
-
-def test_a_setting_given_through_another_variable_is_judged_when_that_one_changes():
-    """The digest is of the templated values: a setting that reads an extra var changes with
-    it."""
-    rc, first = deploy("-e", "my_port=8001", "-e", "vllm_serve_port={{ my_port }}")
-    assert rc == 4, first
-    rc, bad = deploy("-e", "my_port=70000", "-e", "vllm_serve_port={{ my_port }}")
-    assert rc == 2, bad
-    assert "vllm_serve_port is '70000'" in " ".join(bad.split()), bad
-
-
-def test_the_settings_digest_covers_every_roles_prefix():
-    """Every role's variables count as settings in the digest (playbooks/settings.yml's
-    _settings_names), so a new role cannot be left out of it."""
-    play = yaml.safe_load((ROOT / "playbooks/settings.yml").read_text())[0]
-    pattern = play["vars"]["_settings_names"].strip()
+def test_the_converge_record_covers_every_roles_prefix():
+    """Every role's variables count as settings in what a converge was given (the converge
+    role's _converge_setting_names), so a new role cannot be left out of the no-op check."""
+    role_vars = yaml.safe_load((ROOT / "roles/converge/vars/main.yml").read_text())
+    pattern = role_vars["_converge_setting_names"].strip()
     prefixes = set(re.match(r"\^\((.*?)\)_", pattern).group(1).split("|"))
     roles = {p.name for p in (ROOT / "roles").iterdir() if p.is_dir()} - {"spark_defaults"}
     assert prefixes == roles | {"spark"}, (prefixes, roles)
