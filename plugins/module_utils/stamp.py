@@ -129,19 +129,33 @@ def _pair(old, new) -> tuple[str, str]:
     )
 
 
+def _diff(old: dict, new: dict, prefix: str, found: list[str]) -> None:
+    for key in sorted(set(old) | set(new), key=str):
+        name = f"{prefix}{key}"
+        before, after = old.get(key), new.get(key)
+        if before == after and (key in old) == (key in new):
+            continue
+        if isinstance(before, dict) and isinstance(after, dict):
+            _diff(before, after, name + ".", found)
+            continue
+        shown = _pair(before, after)
+        found.append(f"{name}: {shown[0]} -> {shown[1]}")
+
+
 def differences(stamp: dict | None, inputs: dict) -> list[str]:
     """Each input that differs from the stamp's, as ``name: OLD -> NEW`` (values shortened;
-    a nested mapping by its dotted leaf, a text of several lines by the lines that changed);
-    empty when the stamp was made with these inputs or there is no stamp."""
+    within mappings on both sides by the dotted name of what changed, a text of several lines
+    by the lines that changed); empty when the stamp was made with these inputs or there is
+    no stamp."""
     if stamp is None:
         return []
-    canon = json.loads(json.dumps(inputs, sort_keys=True, default=str))
-    old, new = _flat(stamp.get("inputs") or {}), _flat(canon)
-    found = []
-    for name in sorted(set(old) | set(new)):
-        if old.get(name) != new.get(name) or (name in old) != (name in new):
-            before, after = _pair(old.get(name), new.get(name))
-            found.append(f"{name}: {before} -> {after}")
+    found: list[str] = []
+    _diff(
+        stamp.get("inputs") or {},
+        json.loads(json.dumps(inputs, sort_keys=True, default=str)),
+        "",
+        found,
+    )
     return found
 
 

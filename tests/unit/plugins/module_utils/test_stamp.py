@@ -75,6 +75,11 @@ def test_names_are_plain_file_names(name):
         ),
         ({**INPUTS, "peers": ["10.0.0.2"]}, ['peers: (none) -> ["10.0.0.2"]']),
         (
+            {**INPUTS, "nccl": {}},
+            ["nccl.check: container -> (none)", "nccl.size_mib: 64 -> (none)"],
+        ),
+        ({**INPUTS, "nccl": None}, ['nccl: {"check": "container", "size_mib": 64} -> (none)']),
+        (
             {**INPUTS, "kernel": "x" * 60},
             [f"kernel: 6.17.0-1031-nvidia -> {'x' * 39}…"],
         ),
