@@ -12,12 +12,13 @@ short_description: Tell whether a costly check passed with these inputs, and not
 version_added: "0.1.0"
 description:
   - A stamp is a node's note that a check passed (the link benchmarks, the two-rank collective,
-    the weights' verification, vLLM's acceptance of the command line, an image's NCCL answer):
+    the weights' verification, vLLM's acceptance of the command line, an image's NCCL answer),
     one JSON file C(<dir>/<name>.json) with the check's O(name), its O(inputs) themselves, a
     short O(result), when it passed (C(passed_at), UTC) and C(format).
   - With O(state=check), reads the stamp and compares its inputs with O(inputs);
     RV(valid) says the check may be skipped, RV(reason) says in one line why it is skipped or
-    why it runs (C(runs: no stamp), C(runs: comm_env changed from X to Y)). Changes nothing.
+    why it runs (for example that there is no stamp, or which input changed from what to
+    what). Changes nothing.
   - With O(state=present), after the check passed, writes the stamp. It is rewritten only when
     its name, inputs, result or format differ; a stamp that says the same keeps the time it
     first passed with them, and the task reports no change.
@@ -59,7 +60,7 @@ options:
         and modification time of every file below it (links followed to what they name), as
         the input C(tree <path>) holding 16 hex digits of their digest.
       - A tree with more than 20000 entries, or with a directory that cannot be read, is never
-        the same: O(state=check) says the check runs, and O(state=present) writes no stamp.
+        the same; O(state=check) says the check runs, and O(state=present) writes no stamp.
     type: list
     elements: path
     default: []
@@ -75,7 +76,7 @@ options:
     choices: [check, present, absent, listed]
     default: check
 notes:
-  - A force knob of a check (C(host_prep_link_check=always)) is the call site's to honour: it
+  - A force knob of a check (C(host_prep_link_check=always)) is the call site's to honour; it
     runs the check whatever RV(valid) says, and writes the stamp after it passed.
 """
 
@@ -133,7 +134,7 @@ reason:
   type: str
   sample: "runs: mtu changed from 1500 to 9000"
 differences:
-  description: Each input that differs from the stamp's, as C(name: OLD -> NEW), shortened.
+  description: Each input that differs from the stamp's, by name with its old and new value, shortened.
   returned: when O(state=check)
   type: list
   elements: str

@@ -31,7 +31,7 @@ description:
   - Each refusal names the setting of the C(dgx_spark.cluster.vllm_serve) role that gives
     the argument and quotes vLLM's message, trimmed.
   - The probe container has networking disabled and is always removed.
-  - It keeps nothing: the vllm_serve role stamps an acceptance (dgx_spark.cluster.stamp) and
+  - It keeps nothing; the vllm_serve role stamps an acceptance (dgx_spark.cluster.stamp) and
     asks again only when an input of that stamp changed.
 author:
   - dgx_spark.cluster contributors (!UNKNOWN)
