@@ -104,8 +104,7 @@ def host_prep_link_plan(hosts, hostvars, mode, hardware):
     for host in (str(h) for h in hosts):
         facts = hostvars[host]
         nodes[host] = {
-            "settings": dict(facts.get("_host_prep_link_settings") or {}),
-            "record": link_plan.read_link_record(facts.get("_host_prep_link_record_text")),
+            "stamp": dict(facts.get("_host_prep_link_stamp") or {}),
             "serving": list(facts.get("_host_prep_serving") or []),
         }
     try:

@@ -13,9 +13,8 @@ from ansible_collections.dgx_spark.cluster.plugins.module_utils import (
 from ansible_collections.dgx_spark.cluster.plugins.plugin_utils.role_filter import role_filter
 from ansible_collections.dgx_spark.cluster.plugins.plugin_utils.vllm_serve_collective import (
     vllm_serve_collective_check,
-    vllm_serve_collective_digest,
-    vllm_serve_collective_kept,
     vllm_serve_collective_plan,
+    vllm_serve_collective_result,
 )
 from ansible_collections.dgx_spark.cluster.plugins.plugin_utils.vllm_serve_memory import (
     vllm_serve_cma_check,
@@ -117,9 +116,8 @@ OPERATIONS = {
     "failed_start": vllm_serve_failed_start,
     "rollback_watch_limits": vllm_serve_rollback_watch_limits,
     "collective_check": vllm_serve_collective_check,
-    "collective_digest": vllm_serve_collective_digest,
     "collective_plan": vllm_serve_collective_plan,
-    "collective_kept": vllm_serve_collective_kept,
+    "collective_result": vllm_serve_collective_result,
     "memory_setting_errors": vllm_serve_memory_setting_errors,
     "memory_check": vllm_serve_memory_check,
     "vllm_memory_check": vllm_serve_vllm_memory_check,

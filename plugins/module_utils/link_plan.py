@@ -1,22 +1,17 @@
 # Copyright: contributors to the dgx_spark.cluster collection
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""When host_prep runs the link benchmarks, and the record each node keeps of its last pass.
+"""When host_prep runs the link benchmarks.
 
 The RDMA and NCCL benchmarks load the link and the GPUs for minutes. host_prep runs them on
-the first deploy, when the link or its settings changed since the last passed run, or when
-asked (host_prep_link_check=always); never automatically while a serving container holds
-the GPUs. Each node keeps a record of the settings its last passed run measured.
+the first deploy, when the link or its settings changed since the last passed run (each
+node's stamp ``link-check``, dgx_spark.cluster.stamp), or when asked
+(host_prep_link_check=always); never automatically while a serving container holds the GPUs.
 
 The benchmarks' output and their pass/fail thresholds are ``link_checks.py``'s; this file only
 plans the run. Pure standard library, no I/O.
 """
 
 from __future__ import annotations
-
-from ansible_collections.dgx_spark.cluster.plugins.module_utils.deployment_record import (
-    inputs_changed,
-    read_stage_record,
-)
 
 LINK_CHECK_MODES = ("auto", "always", "never")
 SERVING_LABEL = ("dgx_spark.cluster.component", "vllm")
@@ -40,36 +35,25 @@ def serving_containers(containers: list[dict] | None, name: str) -> list[str]:
     return sorted(found)
 
 
-def read_link_record(text: str | None) -> dict | None:
-    """A node's record of its last passed link check (deployment_record's shape, the
-    settings it measured as inputs, written by deployment_state with state=kept), or None
-    when absent or unreadable."""
-    return read_stage_record(text, required=("inputs", "checked_at"))
-
-
 def plan_link_check(mode: str, hardware: bool, nodes: dict[str, dict]) -> dict:
     """Whether the link benchmarks run this time, for all nodes at once.
 
-    ``nodes`` maps each node to ``{"settings": dict, "record": dict | None, "serving":
-    [container names]}``. Returns ``{run, reason, stale}``: ``stale`` names each node whose
-    settings have no passed check yet, with why.
+    ``nodes`` maps each node to ``{"stamp": the stamp module's check answer ({valid, reason}),
+    "serving": [container names]}``. Returns ``{run, reason, stale, serving}``: ``stale`` names
+    each node whose stamp does not hold, with the stamp's reason.
     """
     if mode not in LINK_CHECK_MODES:
         raise ValueError(
             f"host_prep_link_check is {mode!r}; allowed: {', '.join(LINK_CHECK_MODES)}"
         )
     stale: dict[str, str] = {}
-    dates = set()
+    skips = []
     for name in sorted(nodes):
-        node = nodes[name]
-        record = node.get("record")
-        changed = inputs_changed(record, node["settings"])
-        if changed is None:
-            stale[name] = "no passed link check recorded (first deploy)"
-        elif changed:
-            stale[name] = "changed since the last passed check: " + ", ".join(changed)
+        answer = nodes[name].get("stamp") or {}
+        if answer.get("valid"):
+            skips.append(f"{name}: {answer.get('reason', '')}")
         else:
-            dates.add(str(record.get("checked_at", "?")))
+            stale[name] = answer.get("reason") or "runs: no stamp"
     serving = {n: nodes[n]["serving"] for n in sorted(nodes) if nodes[n].get("serving")}
     holding = "; ".join(f"{', '.join(c)} on {n}" for n, c in serving.items())
 
@@ -84,8 +68,7 @@ def plan_link_check(mode: str, hardware: bool, nodes: dict[str, dict]) -> dict:
         extra = f"; while {holding} holds the GPUs (asked for)" if serving else ""
         return plan(True, "host_prep_link_check=always" + extra)
     if not stale:
-        when = ", ".join(sorted(dates))
-        return plan(False, f"unchanged since the passed link check of {when} on every node")
+        return plan(False, "; ".join(skips))
     why = "; ".join(f"{n}: {r}" for n, r in stale.items())
     if serving:
         return plan(

@@ -11,10 +11,10 @@ module reads that output on the controller and decides:
   (``link_checks.nccl_transport``), the library the rank loaded, the last error, a hang;
 * :func:`decide`: every node's output -> pass or a message that names the NCCL version, the
   transport and what to try;
-* :func:`plan`: whether the check runs: only when a node has no record of a passed check for
-  the image ID and the comm settings' digest this run would start the ranks with;
-* :func:`kept`: what each node's record keeps after a passed check (deployment_state with
-  state=kept writes it, deployment_record's shape, with the image ID and the digest as inputs).
+* :func:`plan`: whether the check runs: only when a node's stamp ``collective``
+  (dgx_spark.cluster.stamp) does not hold for the image ID and the comm settings this run
+  would start the ranks with;
+* :func:`stamp_result`: what each node's stamp keeps as the result of a passed check.
 """
 
 from __future__ import annotations
@@ -22,10 +22,6 @@ from __future__ import annotations
 import json
 import re
 
-from ansible_collections.dgx_spark.cluster.plugins.module_utils.deployment_record import (
-    inputs_changed,
-    read_stage_record,
-)
 from ansible_collections.dgx_spark.cluster.plugins.module_utils.link_checks import (
     nccl_device_mismatch,
     nccl_transport,
@@ -219,18 +215,11 @@ def decide(
     }
 
 
-def read_record(text: str | None) -> dict | None:
-    """A node's record of its last passed collective (deployment_record's shape, the image ID
-    and the comm settings' digest as inputs), or None when absent or unreadable."""
-    return read_stage_record(text, required=("inputs", "checked_at"))
-
-
-def kept(parsed: dict, checked_at: str) -> dict:
-    """What a node's record keeps beside its inputs (the image ID and the comm settings'
-    digest) after the collective passed (``parsed`` from :func:`parse_output`)."""
+def stamp_result(parsed: dict) -> dict:
+    """What a node's stamp ``collective`` keeps as its result after the collective passed
+    (``parsed`` from :func:`parse_output`)."""
     result = parsed.get("result") or {}
     return {
-        "checked_at": checked_at,
         "backend": result.get("backend", ""),
         "op": result.get("op", ""),
         "nccl_version": parsed.get("nccl_version", ""),
@@ -244,41 +233,31 @@ def kept(parsed: dict, checked_at: str) -> dict:
 def plan(enabled: bool, nodes: dict) -> dict:
     """Whether the collective runs, for every node at once.
 
-    ``nodes`` maps each node to ``{"inputs": {"image_id", "comm"}, "record": dict | None}``:
-    the image the ranks are to run and the digest of their comm settings, its last record.
-    Returns ``{run, reason, stale}``; ``stale`` names each node without a record for its image
-    ID and digest, with why.
+    ``nodes`` maps each node to ``{"image_id": the image the ranks are to run, "stamp": the
+    stamp module's check answer ({valid, reason}) for it and the comm settings}``. Returns
+    ``{run, reason, stale}``; ``stale`` names each node whose stamp does not hold, with why.
     """
     if not enabled:
         return {"run": False, "reason": "vllm_serve_collective is false", "stale": {}}
-    missing = sorted(n for n in nodes if not ((nodes[n] or {}).get("inputs") or {}).get("image_id"))
+    missing = sorted(n for n in nodes if not (nodes[n] or {}).get("image_id"))
     if missing:
         return {
             "run": False,
             "reason": f"the serving image is not on {', '.join(missing)}",
             "stale": {},
         }
-    stale = {}
-    for node in sorted(nodes):
-        entry = nodes[node]
-        rec = entry.get("record")
-        changed = inputs_changed(rec, entry["inputs"])
-        if changed is None:
-            stale[node] = "no passed collective recorded"
-        elif "image_id" in changed:
-            last = str((rec.get("inputs") or {}).get("image_id"))[:19]
-            stale[node] = f"the image changed (last passed with {last})"
-        elif changed:
-            stale[node] = "the comm settings changed since the last passed collective"
+    answers = {n: (nodes[n] or {}).get("stamp") or {} for n in sorted(nodes)}
+    stale = {
+        n: a.get("reason") or "runs: no stamp" for n, a in answers.items() if not a.get("valid")
+    }
     if stale:
         return {
             "run": True,
             "reason": "; ".join(f"{n}: {r}" for n, r in stale.items()),
             "stale": stale,
         }
-    dates = sorted({str((nodes[n].get("record") or {}).get("checked_at", "?")) for n in nodes})
     return {
         "run": False,
-        "reason": f"passed for this image and these comm settings on {', '.join(dates)}",
+        "reason": "; ".join(f"{n}: {a.get('reason', '')}" for n, a in answers.items()),
         "stale": {},
     }

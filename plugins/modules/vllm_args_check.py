@@ -31,9 +31,8 @@ description:
   - Each refusal names the setting of the C(dgx_spark.cluster.vllm_serve) role that gives
     the argument and quotes vLLM's message, trimmed.
   - The probe container has networking disabled and is always removed.
-  - With O(cache_dir), an acceptance is remembered on the node, and a later call whose
-    configuration is the same in every respect the probe reads returns it (RV(cached)) without
-    running a container. A refusal is never remembered, so it is asked again every time.
+  - It keeps nothing; the vllm_serve role stamps an acceptance (dgx_spark.cluster.stamp) and
+    asks again only when an input of that stamp changed.
 author:
   - dgx_spark.cluster contributors (!UNKNOWN)
 attributes:
@@ -41,9 +40,6 @@ attributes:
     support: full
     description:
       - The probe changes nothing on the node, so it runs in check mode too.
-      - In check mode remembered answers in O(cache_dir) are read, and none is written.
-      - Writing an entry of O(cache_dir) is bookkeeping, not a change of the node; the module
-        always reports C(changed=false).
   diff_mode:
     support: none
     description: The module changes nothing, so there is no diff.
@@ -81,23 +77,6 @@ options:
       - Also build vLLM's model configuration from the model directory the arguments name.
     type: bool
     default: true
-  cache_dir:
-    description:
-      - A directory on the node where the module remembers the configurations vLLM accepted,
-        one JSON file per configuration, made with mode 0700 (files 0600) when missing.
-      - An answer is reused when all of these are the same as when it was given - the image's
-        ID (as the node resolves O(image)), O(args), O(env) (with the probe's
-        E(HF_HUB_OFFLINE) default), O(model_config), O(python), O(volumes), the probe's own
-        code (a collection whose probe differs asks again), and the size and modification time
-        of every file below each volume's host path (or that the path does not exist). Any
-        difference asks vLLM again.
-      - Only acceptances are remembered; a refusal is asked again every time. The 32 entries
-        used most recently are kept. An entry that cannot be read is ignored, and replaced by
-        the next acceptance.
-      - Nothing is remembered when a volume's host path is not an absolute path (a named
-        Docker volume) or holds more than 20000 files and directories.
-      - Without it every call runs the probe.
-    type: path
   fail_on_refusal:
     description:
       - Fail when vLLM refuses the arguments, with a message that names each setting.
@@ -133,8 +112,6 @@ EXAMPLES = r"""
       - /var/lib/dgx-spark/models:/var/lib/dgx-spark/models:ro
     env:
       HF_HUB_OFFLINE: "1"
-    # Reuse an earlier acceptance while the image, the arguments and the model's files are the same.
-    cache_dir: /var/lib/dgx-spark/vllm/args-accepted
   become: true
 
 - name: List the tool-call parsers an image knows, without failing
@@ -227,14 +204,6 @@ timings:
   returned: always
   type: dict
   sample: {"import": 6.32, "parse": 0.01, "registries": 0.0, "engine_args": 0.0}
-cached:
-  description:
-    - Whether the answer is one remembered in O(cache_dir) rather than a new run of the probe;
-      RV(seconds) and RV(timings) are then those of the run that gave it.
-    - Always V(false) without O(cache_dir), and for a refusal.
-  returned: always
-  type: bool
-  sample: true
 """
 
 # Ansible's layout puts the documentation before the imports, hence the noqa: E402.
@@ -242,24 +211,11 @@ import socket  # noqa: E402
 import traceback  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule, env_fallback, missing_required_lib  # noqa: E402
-from ansible_collections.dgx_spark.cluster.plugins.module_utils.args_check_cache import (  # noqa: E402
-    cache_key,
-    probe_digest,
-    prune,
-    read_entry,
-    touch_entry,
-    volume_host,
-    write_entry,
-)
-from ansible_collections.dgx_spark.cluster.plugins.module_utils.deployment_record import (  # noqa: E402
-    tree_fingerprint,
-)
 from ansible_collections.dgx_spark.cluster.plugins.module_utils.image_run import (  # noqa: E402
     ImageRunError as CheckError,
 )
 from ansible_collections.dgx_spark.cluster.plugins.module_utils.image_run import (  # noqa: E402
     connect,
-    image_id_of,
     run_in_image,
 )
 from ansible_collections.dgx_spark.cluster.plugins.module_utils.vllm_args_probe import (  # noqa: E402
@@ -300,32 +256,7 @@ def ask_image(client, node: str, params: dict) -> tuple[str, dict]:
     return run_in_image(client, node, params["image"], params["python"], probe, missing)
 
 
-def answer_key(params: dict, image_id: str | None) -> str | None:
-    """The key of this configuration's answer in the cache (None: not to be remembered)."""
-    volumes = read_only(params["volumes"])
-    trees = {
-        volume_host(v): tree_fingerprint(volume_host(v))
-        for v in volumes
-        if volume_host(v).startswith("/")
-    }
-    # The interpreter is named by the image and the python option, both in the key.
-    probe = probe_digest(
-        args_probe_entrypoint("python"),
-        args_probe_request(params["args"], params["model_config"]),
-    )
-    return cache_key(
-        image_id,
-        params["args"],
-        probe_environment(params["env"]),
-        params["model_config"],
-        volumes,
-        params["python"],
-        probe,
-        trees,
-    )
-
-
-def result_of(params: dict, node: str, image_id: str, doc: dict, cached: bool) -> dict:
+def result_of(params: dict, node: str, image_id: str, doc: dict) -> dict:
     problems = judge(doc, params["args"])
     result = {
         "changed": False,
@@ -339,45 +270,15 @@ def result_of(params: dict, node: str, image_id: str, doc: dict, cached: bool) -
         "model_config": doc.get("model_config"),
         "seconds": doc.get("seconds"),
         "timings": doc.get("timings") or {},
-        "cached": cached,
     }
     if problems:
         result["msg"] = refusal_message(problems, params["image"], node, doc.get("vllm"))
     return result
 
 
-def remember(params: dict, key: str, image_id: str, doc: dict, warn) -> None:
-    """Store an acceptance under ``key``, unless what the key covers changed while the probe
-    ran (the image's tag moved, a file below a volume was written): then the answer is not
-    known to be this key's."""
-    if answer_key(params, image_id) != key:
-        warn(
-            f"{params['image']} or a file below a volume changed while vLLM was asked; "
-            "this answer is not remembered"
-        )
-        return
-    try:
-        write_entry(params["cache_dir"], key, image_id, doc)
-        prune(params["cache_dir"])
-    except OSError as exc:
-        warn(f"cannot remember vLLM's answer in {params['cache_dir']}: {exc}")
-
-
-def run_module(params: dict, node: str, check_mode: bool = False, warn=None) -> dict:
-    warn = warn or (lambda message: None)
-    cache_dir = params.get("cache_dir")
-    key = None
+def run_module(params: dict, node: str) -> dict:
     client = connect(params["docker_host"], node)
     try:
-        if cache_dir:
-            key = answer_key(params, image_id_of(client, params["image"]))
-            entry = read_entry(cache_dir, key) if key else None
-            # The stored document is judged again as a new one would be; an answer this
-            # collection's judge refuses is asked afresh, never reused.
-            if entry is not None and not judge(entry["document"], params["args"]):
-                if not check_mode:
-                    touch_entry(cache_dir, key)
-                return result_of(params, node, entry["image_id"], entry["document"], True)
         image_id, doc = ask_image(client, node, params)
     except (APIError, DockerException, RequestException) as exc:
         raise CheckError(
@@ -385,11 +286,7 @@ def run_module(params: dict, node: str, check_mode: bool = False, warn=None) -> 
         ) from exc
     finally:
         client.close()
-    result = result_of(params, node, image_id, doc, False)
-    # Only acceptances are remembered, and none in check mode.
-    if key and not result["refused"] and not check_mode:
-        remember(params, key, image_id, doc, warn)
-    return result
+    return result_of(params, node, image_id, doc)
 
 
 def main() -> None:
@@ -407,7 +304,6 @@ def main() -> None:
             },
             "timeout": {"type": "int", "default": 300},
             "model_config": {"type": "bool", "default": True},
-            "cache_dir": {"type": "path"},
             "fail_on_refusal": {"type": "bool", "default": True},
         },
         supports_check_mode=True,
@@ -416,7 +312,7 @@ def main() -> None:
         module.fail_json(msg=missing_required_lib("docker"), exception=DOCKER_IMPORT_ERROR)
     node = socket.gethostname()
     try:
-        result = run_module(module.params, node, module.check_mode, module.warn)
+        result = run_module(module.params, node)
     except CheckError as exc:
         module.fail_json(msg=str(exc), node=node, image=module.params["image"])
     if result["refused"] and module.params["fail_on_refusal"]:

@@ -6,23 +6,16 @@ plugins/module_utils/rank_collective.py (the vllm_serve filter's operations)."""
 from __future__ import annotations
 
 from ansible_collections.dgx_spark.cluster.plugins.module_utils import rank_collective
-from ansible_collections.dgx_spark.cluster.plugins.module_utils.deployment_record import digest
-
-
-def vllm_serve_collective_digest(settings):
-    """A short digest of the ranks' comm settings (the collective record's ``comm`` input)."""
-    return digest(dict(settings), 16)
 
 
 def vllm_serve_collective_plan(nodes, hostvars, enabled=True):
     """Whether the collective runs: {run, reason, stale}."""
     table = {}
     for node in [str(n) for n in nodes]:
-        facts = hostvars[node].get("_vllm_serve_collective_node") or {}
-        inputs = facts.get("inputs") or {}
+        answer = hostvars[node].get("_vllm_serve_collective_stamp") or {}
         table[node] = {
-            "inputs": {"image_id": str(inputs.get("image_id") or ""), "comm": inputs.get("comm")},
-            "record": rank_collective.read_record(facts.get("record_text")),
+            "image_id": str((answer.get("inputs") or {}).get("image_id") or ""),
+            "stamp": dict(answer),
         }
     return rank_collective.plan(bool(enabled), table)
 
@@ -45,6 +38,6 @@ def vllm_serve_collective_check(
     )
 
 
-def vllm_serve_collective_kept(parsed, checked_at):
-    """What a node's record keeps beside its inputs after the collective passed."""
-    return rank_collective.kept(dict(parsed), str(checked_at))
+def vllm_serve_collective_result(parsed):
+    """What a node's stamp keeps as its result after the collective passed."""
+    return rank_collective.stamp_result(dict(parsed))

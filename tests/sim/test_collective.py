@@ -1,11 +1,10 @@
 """The ranks' collective runs in the serving image before anything serving is touched.
 
 vllm_serve's tasks/collective.yml runs a two-rank all_reduce (Gloo on the simulated pair) in
-containers made with the Ray containers' settings whenever a node has no record of a pass for
-the serving image's ID and its comm settings. It is recorded on each node, skipped while
-nothing changed and run again for a changed comm setting (the digest over comm.env, the
-ranks' environment and the NCCL library is unit-tested); a failure stops the run while the
-running group keeps serving.
+containers made with the Ray containers' settings whenever a node's stamp ``collective`` does
+not hold for the serving image's ID and its comm settings (comm.env, the ranks' environment,
+the NCCL library). It is stamped on each node, skipped while nothing changed and run again
+for a changed comm setting; a failure stops the run while the running group keeps serving.
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ import pytest
 from conftest import node_image_id, on_node, run_playbook
 from test_serving import KEY, complete
 
-RECORD = "/etc/dgx-spark/vllm/collective.json"
+STAMP = "/var/lib/dgx-spark/stamps/collective.json"
 ALIAS = "dgx-spark/vllm-serving:current"
 DECIDED = "Say whether the collective runs"
 STOPPED = "Stop before anything serving is touched when the collective failed or hung"
@@ -36,8 +35,8 @@ def said(run, task: str) -> list[str]:
     return [str(r.get("msg", "")) for name, _h, r in run.results() if name == task]
 
 
-def record(node) -> dict:
-    got = on_node(node, "cat", RECORD, check=False)
+def stamp(node) -> dict:
+    got = on_node(node, "cat", STAMP, check=False)
     return json.loads(got.stdout) if got.returncode == 0 else {}
 
 
@@ -58,17 +57,17 @@ def checked(run) -> str:
 
 @pytest.fixture(scope="module")
 def first(deployed_pair, nodes):
-    """A serve run after the records were removed: the collective is due on every node. The
+    """A serve run after the stamps were removed: the collective is due on every node. The
     settings stay the inventory's throughout, so no test here restarts the serving group."""
     for node in nodes:
-        on_node(node, "rm", "-f", RECORD)
+        on_node(node, "rm", "-f", STAMP)
     run = serve()
     assert run.rc == 0, run.failures() or run.raw[-3000:]
     return run
 
 
-def test_the_first_run_ran_it_passed_and_recorded_it_on_every_node(first, nodes):
-    stale = "; ".join(f"{n.name}: no passed collective recorded" for n in sorted_nodes(nodes))
+def test_the_first_run_ran_it_passed_and_stamped_it_on_every_node(first, nodes):
+    stale = "; ".join(f"{n.name}: runs: no stamp" for n in sorted_nodes(nodes))
     assert said(first, DECIDED) == [f"Two-rank collective in {ALIAS}: runs ({stale})"]
     lines = checked(first).splitlines()
     # One line per rank, as the sim's Gloo run prints it (no NCCL without a GPU).
@@ -80,34 +79,36 @@ def test_the_first_run_ran_it_passed_and_recorded_it_on_every_node(first, nodes)
             line,
         )
         assert got, line
-        rec = record(node)
-        assert rec == {
-            "format": 1, "backend": "gloo", "op": "all_reduce", "transport": "gloo",
+        rec = stamp(node)
+        assert rec["format"] == 1 and rec["name"] == "collective", rec
+        assert rec["result"] == {
+            "backend": "gloo", "op": "all_reduce", "transport": "gloo",
             "nccl_version": "", "nccl_library": "",
-            "inputs": {"image_id": node_image_id(node, ALIAS), "comm": rec["inputs"]["comm"]},
             "busbw_gbps": float(got[1]), "elapsed_s": float(got[2]),
-            "digest": rec["digest"], "checked_at": rec["checked_at"],
         }, rec  # fmt: skip
-        assert re.fullmatch(r"[0-9a-f]{16}", rec["digest"]), rec
-        assert re.fullmatch(r"[0-9a-f]{16}", rec["inputs"]["comm"]), rec
-        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d", rec["checked_at"]), rec
+        assert rec["inputs"]["image_id"] == node_image_id(node, ALIAS), rec
+        assert sorted(rec["inputs"]) == [
+            "comm_env", "image_id", "model_env", "nccl_host_library", "nccl_library", "rank_env",
+        ], rec  # fmt: skip
+        assert "NCCL_SOCKET_IFNAME=" in rec["inputs"]["comm_env"], rec
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", rec["passed_at"]), rec
     # And the rank's container is gone.
     assert not [n.name for n in nodes if container(n, "dgx-spark-collective")]
 
 
 def test_a_rerun_with_nothing_changed_does_not_run_it(first, nodes):
-    before = [record(node) for node in nodes]
+    before = [stamp(node) for node in nodes]
     run = serve()
     assert run.rc == 0, run.failures() or run.raw[-3000:]
-    assert "skipped (passed for this image and these comm settings" in said(run, DECIDED)[0]
+    assert "skipped (spark-1: skipped: collective passed " in said(run, DECIDED)[0]
     assert not [m for m in said(run, STOPPED) if m], said(run, STOPPED)
-    assert [record(node) for node in nodes] == before
+    assert [stamp(node) for node in nodes] == before
 
 
 def test_a_failing_collective_stops_before_anything_serving_is_touched(first, nodes):
     serving = container(nodes[0], "dgx-spark-vllm")
     rays = {node.name: container(node, "dgx-spark-ray") for node in nodes}
-    records = {node.name: record(node) for node in nodes}
+    stamps = {node.name: stamp(node) for node in nodes}
     # A changed setting makes it due; the ranks meet at an address nobody answers (TEST-NET-1).
     run = serve(
         "-e",
@@ -119,7 +120,10 @@ def test_a_failing_collective_stops_before_anything_serving_is_touched(first, no
     )
     assert run.rc != 0, "the run went on past a failed collective"
     # The changed comm setting is what made it due again.
-    assert "the comm settings changed since the last passed collective" in said(run, DECIDED)[0]
+    assert (
+        "runs: rank_env.DGX_SPARK_SIM_COLLECTIVE changed from (none) to unreachable"
+        in said(run, DECIDED)[0]
+    ), said(run, DECIDED)
     failed = [f for f in run.failures() if "two-rank collective" in f]
     assert failed, run.failures()
     assert "Nothing serving was touched" in failed[0], failed[0]
@@ -139,7 +143,7 @@ def test_a_failing_collective_stops_before_anything_serving_is_touched(first, no
             rays[node.name]["State"]["StartedAt"],
         )
         assert not container(node, "dgx-spark-collective")
-        assert record(node) == records[node.name]
+        assert stamp(node) == stamps[node.name]
     # And the pair still serves: one token with the inventory's key, from the same container.
     assert complete(nodes, KEY)
     assert container(nodes[0], "dgx-spark-vllm")["Id"] == serving["Id"]
@@ -164,7 +168,7 @@ def test_a_rank_that_sums_wrong_is_refused_naming_it(first, nodes):
     put back afterwards, so the pair is as it was."""
     serving = container(nodes[0], "dgx-spark-vllm")
     rays = {node.name: container(node, "dgx-spark-ray") for node in nodes}
-    records = {node.name: record(node) for node in nodes}
+    stamps = {node.name: stamp(node) for node in nodes}
     kept = {node.name: node_image_id(node, ALIAS) for node in nodes}
     context = build_context(WRONG_SUM)
     try:
@@ -200,6 +204,6 @@ def test_a_rank_that_sums_wrong_is_refused_naming_it(first, nodes):
             rays[node.name]["Id"],
             rays[node.name]["State"]["StartedAt"],
         )
-        assert record(node) == records[node.name]
+        assert stamp(node) == stamps[node.name]
         assert node_image_id(node, ALIAS) == kept[node.name]
     assert complete(nodes, KEY)

@@ -362,6 +362,7 @@ def test_hardware_path_with_stand_ins(runs, ansible, hosts, nodes, images, tmp_p
         *("-e", f"host_prep_netplan_file={STANDIN_NETPLAN}"),
         *("-e", f"host_prep_comm_env_file={STANDIN_DIR}/comm.env"),
         *("-e", f"host_prep_check_dir={STANDIN_DIR}/checks"),
+        *("-e", f"spark_stamp_dir={STANDIN_DIR}/stamps"),
         *("-e", f"host_prep_nccl_image={STANDIN_NCCL_IMAGE}"),
         # docker.io is installed: nothing for apt to fetch.
         *("-e", "host_prep_nvidia_runtime_package=docker.io"),
@@ -392,13 +393,14 @@ def test_hardware_path_with_stand_ins(runs, ansible, hosts, nodes, images, tmp_p
         env = hosts["spark-1"].file(f"{STANDIN_DIR}/comm.env").content_string
         assert "NCCL_IB_HCA=roce_" in env and "NCCL_IB_DISABLE=0" in env
         for name, host in hosts.items():
-            record = json.loads(host.check_output(f"sudo cat {STANDIN_DIR}/link-check.json"))
-            assert record["inputs"]["mtu"] == 9000 and len(record["digest"]) == 16, name
+            stamp = json.loads(host.check_output(f"sudo cat {STANDIN_DIR}/stamps/link-check.json"))
+            assert stamp["name"] == "link-check" and stamp["inputs"]["mtu"] == 9000, name
+            assert stamp["passed_at"].endswith("Z") and "nccl" in stamp["result"], name
 
         # A rerun with unchanged settings does not measure again, and changes nothing.
         again = playbook(*extra, path=str(wrapper))
         assert again.rc == 0, "\n".join(again.failures()) or again.raw[-4000:]
-        assert "not run: unchanged since the passed link check of" in again.messages()
+        assert "not run: spark-1: skipped: link-check passed " in again.messages()
         nccl = "Start the NCCL all_gather on every node"
         assert not [h for n, h, _r in again.results() if n == nccl]
         assert {h: s["changed"] for h, s in again.stats.items()} == {"spark-1": 0, "spark-2": 0}
@@ -415,7 +417,7 @@ def test_hardware_path_with_stand_ins(runs, ansible, hosts, nodes, images, tmp_p
             hosts["spark-2"].run("sudo docker rm -f host-prep-test-serving")
         assert serving.rc == 0, "\n".join(serving.failures()) or serving.raw[-4000:]
         said = serving.messages()
-        assert "changed since the last passed check: rdma" in said, said
+        assert "runs: rdma.min_gbps changed from 90.0 to 80.0" in said, said
         assert "host-prep-test-serving on spark-2 holds the GPUs" in said, said
         assert "not measured automatically while serving" in said
         ran = {n for n, _h, _r in serving.results()}
@@ -482,6 +484,7 @@ def test_link_gate_refuses_before_serving_is_touched(
         *("-e", f"host_prep_netplan_file={STANDIN_NETPLAN}"),
         *("-e", f"host_prep_comm_env_file={STANDIN_DIR}/comm.env"),
         *("-e", f"host_prep_check_dir={STANDIN_DIR}/checks"),
+        *("-e", f"spark_stamp_dir={STANDIN_DIR}/stamps"),
         *("-e", f"host_prep_nccl_image={STANDIN_NCCL_IMAGE}"),
         *("-e", "host_prep_nvidia_runtime_package=docker.io"),
         *("-e", "host_prep_rdma_package=docker.io"),

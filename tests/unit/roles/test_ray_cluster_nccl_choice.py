@@ -1,7 +1,7 @@
 """ray_cluster's tasks/nccl_choice.yml after its reads: what it makes of the probe's answer (given
-now or kept), what it keeps, what it hands the module and what it prints.
+now or stamped), what it stamps, what it hands the module and what it prints.
 
-The node-reading tasks (stat, the image's facts, the kept file, the probe container) need a
+The node-reading tasks (stat, the image's facts, the stamp, the probe container) need a
 node with Docker; here their registered results are set to what they return on a Spark whose
 image carries the pip wheel's NCCL 2.28.9 and whose node has DGX OS's, and the role's own later
 tasks run as they are in the file, with the role's vars, on two local hosts."""
@@ -46,9 +46,9 @@ ANSWER = {
 }  # fmt: skip
 
 
-def registered(kept: str | None, probed: dict | None) -> dict:
+def registered(stamped: dict | None, probed: dict | None) -> dict:
     """What the reading tasks register on a node: the probe ran now (``probed``) or was skipped
-    for the kept answer (``kept``, the file's text)."""
+    for the answer of a stamp that holds (``stamped``)."""
     out = {
         "_ray_cluster_nccl_host": {
             "stat": {"exists": True, "islnk": True, "lnk_source": HOST_REAL}
@@ -56,7 +56,11 @@ def registered(kept: str | None, probed: dict | None) -> dict:
         "_ray_cluster_nccl_host_file": {"stat": FILE_STAT},
         "_ray_cluster_ldconfig": {"stdout_lines": []},
         "_ray_cluster_image_info": {"images": [{"Id": IMAGE_ID}]},
-        "_ray_cluster_nccl_kept": {"content": _b64(kept)} if kept is not None else {"failed": True},
+        "_ray_cluster_nccl_stamp": {
+            "valid": stamped is not None,
+            "stamp": {"result": stamped} if stamped is not None else None,
+            "inputs": {"image_id": IMAGE_ID, "node_library": NODE_KEY},
+        },
     }
     if probed is None:
         out["_ray_cluster_image_nccl"] = {"skipped": True, "changed": False}
@@ -64,12 +68,6 @@ def registered(kept: str | None, probed: dict | None) -> dict:
         output = "torch warns here\ndgx-spark-nccl: " + json.dumps(probed) + "\n"
         out["_ray_cluster_image_nccl"] = {"status": 0, "container": {"Output": output}}
     return out
-
-
-def _b64(text: str) -> str:
-    import base64
-
-    return base64.b64encode(text.encode()).decode()
 
 
 def run(tmp_path: Path, given: dict) -> dict:
@@ -83,7 +81,6 @@ def run(tmp_path: Path, given: dict) -> dict:
             "volumes": spec["volumes"],
             "node_argument": spec["entrypoint"][4],
             "runs": "{{ " + " and ".join(f"({c})" for c in probe["when"]) + " }}",
-            "kept_answer": "{{ _ray_cluster_nccl_kept_answer }}",
         }},
     }  # fmt: skip
     tasks = [
@@ -146,17 +143,17 @@ def test_a_fresh_answer_reaches_the_module_and_the_node_is_named_as_the_node_nam
     assert f"spark-2's 2.28.9 (190.0 MB, build c0db9360, {HOST_REAL}" in choice["message"]
 
 
-def test_a_fresh_answer_is_kept_with_the_nodes_file(probed_now):
+def test_a_fresh_answer_is_stamped_with_the_image_and_the_nodes_file(probed_now):
     keep = probed_now["Show the facts"]["spark-2"]["msg"]["to_keep"]
-    assert keep["file"] == f"/var/lib/dgx-spark/cache/nccl/{IMAGE_ID.removeprefix('sha256:')}"
-    assert json.loads(keep["answer"]) == {**ANSWER, "node_key": NODE_KEY}
+    assert keep["inputs"] == {"image_id": IMAGE_ID, "node_library": NODE_KEY}
+    assert keep["answer"] == ANSWER
 
 
-def test_the_probe_would_mount_the_nodes_file_and_run_while_nothing_is_kept(probed_now):
+def test_the_probe_would_mount_the_nodes_file_and_run_while_no_stamp_holds(probed_now):
     shown = probed_now["Show the probe task's settings"]["spark-1"]["msg"]
     assert shown["volumes"] == [f"{HOST_REAL}:/opt/dgx-spark-nccl-node/libnccl.so.2:ro"]
     assert shown["node_argument"] == "/opt/dgx-spark-nccl-node/libnccl.so.2"
-    assert shown["runs"] is True and shown["kept_answer"] == {}
+    assert shown["runs"] is True
 
 
 def test_the_print_names_both_builds(probed_now):
@@ -169,29 +166,17 @@ def test_the_print_names_both_builds(probed_now):
     ), line
 
 
-@pytest.mark.parametrize(
-    ("kept", "runs"),
-    [
-        (json.dumps({**ANSWER, "node_key": NODE_KEY}), False),
-        # Another file behind the node's link (a new libnccl2 build): read again.
-        (json.dumps({**ANSWER, "node_key": NODE_KEY.replace(":4242", ":4243")}), True),
-        # What earlier releases kept: one line, no builds.
-        ("2.28.9 from " + WHEEL + "\n", True),
-    ],
-)
-def test_a_kept_answer_stands_only_for_the_same_node_file(tmp_path, kept, runs):
-    got = run(tmp_path, {n: registered(kept, None) for n in ("spark-1", "spark-2")})
-    shown = got["Show the probe task's settings"]["spark-1"]["msg"]
-    assert shown["runs"] is runs
-    if not runs:
-        facts = got["Show the facts"]["spark-1"]["msg"]
-        assert facts["resolved"] == "host" and facts["to_keep"] == {}
-        assert facts["image_build"]["build_id"] == PIP_ID
+def test_a_stamp_that_holds_stands_for_the_probe(tmp_path):
+    got = run(tmp_path, {n: registered(ANSWER, None) for n in ("spark-1", "spark-2")})
+    assert got["Show the probe task's settings"]["spark-1"]["msg"]["runs"] is False
+    facts = got["Show the facts"]["spark-1"]["msg"]
+    assert facts["resolved"] == "host" and facts["to_keep"] == {}
+    assert facts["image_build"]["build_id"] == PIP_ID
 
 
 def test_the_simulated_pair_no_libnccl_anywhere(tmp_path):
     """A CPU image (torch has no NCCL, no wheel) and nodes without libnccl: nothing mounted, the
-    image's kept, and the answer kept with the node's file named as absent."""
+    image's kept, and the answer stamped."""
     cpu = {"version": "none in torch (AttributeError: a CPU build has no NCCL)", "library": None,
            "files": [], "node": None}  # fmt: skip
     given = registered(None, cpu)
@@ -202,7 +187,7 @@ def test_the_simulated_pair_no_libnccl_anywhere(tmp_path):
     assert shown["volumes"] == [] and shown["node_argument"] == ""
     facts = got["Show the facts"]["spark-2"]["msg"]
     assert facts["resolved"] == "image" and facts["host_build"] is None
-    assert json.loads(facts["to_keep"]["answer"])["node_key"] == "none"
+    assert facts["to_keep"]["answer"] == cpu
     line = " ".join(got["Print both NCCL versions and the choice"]["spark-1"]["msg"].split())
     assert line.startswith(
         f"spark-1: NCCL on the node: none at {HOST_LIB}; in dgx-spark/vllm-serving:current: "
@@ -213,7 +198,7 @@ def test_the_simulated_pair_no_libnccl_anywhere(tmp_path):
 def test_before_the_image_is_built_auto_waits(tmp_path):
     given = registered(None, None)
     given["_ray_cluster_image_info"] = {"images": []}
-    given["_ray_cluster_nccl_kept"] = {"skipped": True}
+    given["_ray_cluster_nccl_stamp"] = {"skipped": True}
     got = run(tmp_path, {n: given for n in ("spark-1", "spark-2")})
     assert got["Show the facts"]["spark-1"]["msg"]["resolved"] == "unset"
     assert got["Decide which libnccl the ranks load"]["spark-1"]["pending"] is True

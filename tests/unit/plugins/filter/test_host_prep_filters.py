@@ -3,15 +3,11 @@
 from __future__ import annotations
 
 import base64
-import json
 from pathlib import Path
 
 import pytest
 from ansible.errors import AnsibleFilterError
 from ansible_collections.dgx_spark.cluster.plugins.filter import host_prep as hp
-from ansible_collections.dgx_spark.cluster.plugins.module_utils.deployment_record import (
-    stage_record,
-)
 from support.captures import tool_output
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "host_prep"
@@ -129,17 +125,15 @@ def test_comm_env_error_is_a_filter_error():
 
 
 def test_link_plan_reads_every_node_from_hostvars():
-    settings = {"mtu": 9000, "links": ["172.30.241.11/24"]}
-    record = stage_record(settings, checked_at="2026-11-30T06:00:00Z", results=[])
     hostvars = {
-        "spark-1": {"_host_prep_link_settings": settings, "_host_prep_serving": [],
-                    "_host_prep_link_record_text": json.dumps(record)},
-        "spark-2": {"_host_prep_link_settings": settings, "_host_prep_serving": ["dgx-spark-vllm"],
-                    "_host_prep_link_record_text": ""},
+        "spark-1": {"_host_prep_serving": [],
+                    "_host_prep_link_stamp": {"valid": True, "reason": "skipped: link-check"}},
+        "spark-2": {"_host_prep_serving": ["dgx-spark-vllm"],
+                    "_host_prep_link_stamp": {"valid": False, "reason": "runs: no stamp"}},
     }  # fmt: skip
     plan = hp.host_prep_link_plan(["spark-1", "spark-2"], hostvars, "auto", True)
     assert plan["run"] is False
-    assert plan["stale"] == {"spark-2": "no passed link check recorded (first deploy)"}
+    assert plan["stale"] == {"spark-2": "runs: no stamp"}
     assert "dgx-spark-vllm on spark-2 holds the GPUs" in plan["reason"]
     with pytest.raises(AnsibleFilterError, match="host_prep_link_check"):
         hp.host_prep_link_plan(["spark-1"], hostvars, "sometimes", True)

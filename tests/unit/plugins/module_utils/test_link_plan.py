@@ -1,5 +1,4 @@
-"""Tests for plugins/module_utils/link_plan.py: when host_prep runs the link benchmarks, and the
-record a node keeps of its last passed run."""
+"""Tests for plugins/module_utils/link_plan.py: when host_prep runs the link benchmarks."""
 
 from __future__ import annotations
 
@@ -8,10 +7,6 @@ from pathlib import Path
 
 import pytest
 from ansible_collections.dgx_spark.cluster.plugins.module_utils import link_plan as lp
-from ansible_collections.dgx_spark.cluster.plugins.module_utils.deployment_record import (
-    digest,
-    stage_record,
-)
 from support.captures import tool_output
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "host_prep"
@@ -34,43 +29,32 @@ def test_serving_containers_from_docker_host_info():
     assert lp.serving_containers([], "x") == [] and lp.serving_containers(None, "x") == []
 
 
-SETTINGS = {
-    "links": TWINS,
-    "mtu": 9000,
-    "rdma_min_gbps": 90.0,
-    "nccl": {"check": "torch", "size_mib": 4096, "min_busbw_gbps": 21.875},
-    "kernel": "6.11.0-1016-nvidia",
-}
+SKIP = {"valid": True, "reason": "skipped: link-check passed 2026-11-30T06:00:00Z (3 h ago)"}
 
 
-def nodes(record=True, serving=(), settings=None, **other):
-    settings = SETTINGS if settings is None else settings
-    made = stage_record(SETTINGS, checked_at="2026-11-30T06:00:00Z", results=["RDMA 111.74"])
+def nodes(stamped=True, serving=(), reason="runs: no stamp"):
+    first = SKIP if stamped else {"valid": False, "reason": reason}
     return {
-        "spark-1": {"settings": settings, "record": made if record else None,
-                    "serving": list(serving)},
-        "spark-2": {"settings": SETTINGS, "record": made, "serving": []},
-        **other,
-    }  # fmt: skip
+        "spark-1": {"stamp": first, "serving": list(serving)},
+        "spark-2": {"stamp": SKIP, "serving": []},
+    }
 
 
 @pytest.mark.parametrize(
     ("mode", "hardware", "state", "run", "words"),
     [
-        ("auto", True, nodes(record=False), True, "spark-1: no passed link check recorded"),
-        ("auto", True, nodes(), False, "unchanged since the passed link check of 2026-11-30"),
-        ("auto", True, nodes(settings={**SETTINGS, "mtu": 1500}), True,
-         "spark-1: changed since the last passed check: mtu"),
-        ("auto", True, nodes(settings={**SETTINGS, "kernel": "6.14.0-1015-nvidia"}), True,
-         "changed since the last passed check: kernel"),
-        ("auto", True, nodes(record=False, serving=["dgx-spark-vllm"]), False,
+        ("auto", True, nodes(stamped=False), True, "spark-1: runs: no stamp"),
+        ("auto", True, nodes(), False, "spark-1: skipped: link-check passed 2026-11-30"),
+        ("auto", True, nodes(stamped=False, reason="runs: mtu changed from 9000 to 1500"), True,
+         "spark-1: runs: mtu changed from 9000 to 1500"),
+        ("auto", True, nodes(stamped=False, serving=["dgx-spark-vllm"]), False,
          "but dgx-spark-vllm on spark-1 holds the GPUs"),
-        ("auto", True, nodes(serving=["dgx-spark-vllm"]), False, "unchanged since"),
+        ("auto", True, nodes(serving=["dgx-spark-vllm"]), False, "skipped: link-check passed"),
         ("always", True, nodes(), True, "host_prep_link_check=always"),
         ("always", True, nodes(serving=["dgx-spark-vllm"]), True,
          "while dgx-spark-vllm on spark-1 holds the GPUs (asked for)"),
-        ("never", True, nodes(record=False), False, "host_prep_link_check=never"),
-        ("auto", False, nodes(record=False), False, "hardware-only"),
+        ("never", True, nodes(stamped=False), False, "host_prep_link_check=never"),
+        ("auto", False, nodes(stamped=False), False, "hardware-only"),
     ],
 )  # fmt: skip
 def test_plan_link_check(mode, hardware, state, run, words):
@@ -80,18 +64,5 @@ def test_plan_link_check(mode, hardware, state, run, words):
 
 
 def test_plan_link_check_refuses_an_unknown_mode():
-    with pytest.raises(ValueError, match="allowed: auto, always, never"):
+    with pytest.raises(ValueError, match="host_prep_link_check"):
         lp.plan_link_check("sometimes", True, nodes())
-
-
-def test_link_record_round_trip():
-    record = stage_record(SETTINGS, checked_at="2026-11-30T06:00:00Z", results=[])
-    assert lp.read_link_record(json.dumps(record)) == record
-    assert record["inputs"] == SETTINGS and record["checked_at"] == "2026-11-30T06:00:00Z"
-    assert record["digest"] == digest(json.loads(json.dumps(SETTINGS)), 16)
-    # An older collection's record (settings and fingerprint, no inputs) reads as none: the
-    # check is due once, as on a first deploy.
-    older = {"format": 1, "settings": SETTINGS, "fingerprint": "f" * 16, "checked_at": "x"}
-    for text in ("", None, "{", "[]", '{"format": 2, "inputs": {}}', '{"format": 1}',
-                 json.dumps(older)):  # fmt: skip
-        assert lp.read_link_record(text) is None

@@ -11,17 +11,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import re
 from pathlib import Path
 
 import pytest
 from ansible_collections.dgx_spark.cluster.plugins.module_utils import rank_collective as rc
-from ansible_collections.dgx_spark.cluster.plugins.module_utils.deployment_record import (
-    stage_record,
-)
-from ansible_collections.dgx_spark.cluster.plugins.plugin_utils.vllm_serve_collective import (
-    vllm_serve_collective_digest as comm_digest,
-)
 from support.captures import tool_output
 
 ROOT = Path(__file__).resolve().parents[4]
@@ -220,44 +213,32 @@ def test_a_rank_without_output_fails():
     assert "no result line" in decision["message"]
 
 
-# --------------------------------------------------------------------------- plan and record
+# --------------------------------------------------------------------------- plan and stamp
+
+SKIP = {"valid": True, "reason": "skipped: collective passed 2026-12-01T00:00:00Z (1 d ago)"}
 
 
-def node(image="sha256:aa", digest="d1", record=None) -> dict:
-    return {"inputs": {"image_id": image, "comm": digest}, "record": record}
-
-
-def rec(image="sha256:aa", digest="d1") -> dict:
-    """A record as deployment_state (state=kept) writes it, read back."""
-    parsed = rc.parse_output(result("gloo", 0))
-    kept = rc.kept(parsed, "2026-12-01T00:00:00+00:00")
-    return rc.read_record(json.dumps(stage_record({"image_id": image, "comm": digest}, **kept)))
+def node(image="sha256:aa", stamp=None) -> dict:
+    return {"image_id": image, "stamp": stamp or {"valid": False, "reason": "runs: no stamp"}}
 
 
 def test_the_first_pass_runs():
     plan = rc.plan(True, {"a": node(), "b": node()})
     assert plan["run"]
-    assert plan["stale"] == {
-        "a": "no passed collective recorded",
-        "b": "no passed collective recorded",
-    }
+    assert plan["stale"] == {"a": "runs: no stamp", "b": "runs: no stamp"}
 
 
 def test_nothing_changed_skips():
-    plan = rc.plan(True, {"a": node(record=rec()), "b": node(record=rec())})
+    plan = rc.plan(True, {"a": node(stamp=SKIP), "b": node(stamp=SKIP)})
     assert not plan["run"]
-    assert "2026-12-01T00:00:00+00:00" in plan["reason"]
+    assert "a: skipped: collective passed 2026-12-01T00:00:00Z" in plan["reason"]
 
 
 def test_a_changed_comm_setting_on_one_node_runs():
-    plan = rc.plan(True, {"a": node(record=rec()), "b": node(digest="d2", record=rec())})
+    changed = {"valid": False, "reason": "runs: comm_env changed from A=1 to A=2"}
+    plan = rc.plan(True, {"a": node(stamp=SKIP), "b": node(stamp=changed)})
     assert plan["run"]
-    assert plan["stale"] == {"b": "the comm settings changed since the last passed collective"}
-
-
-def test_a_new_image_runs():
-    plan = rc.plan(True, {"a": node(image="sha256:bb", record=rec())})
-    assert plan["run"] and "the image changed" in plan["stale"]["a"]
+    assert plan["stale"] == {"b": "runs: comm_env changed from A=1 to A=2"}
 
 
 def test_switched_off_or_without_the_image_it_does_not_run():
@@ -266,23 +247,10 @@ def test_switched_off_or_without_the_image_it_does_not_run():
     assert not plan["run"] and "not on a" in plan["reason"]
 
 
-def test_the_record_keeps_what_the_pass_showed():
-    kept = rec()
+def test_the_stamp_keeps_what_the_pass_showed():
+    kept = rc.stamp_result(rc.parse_output(result("gloo", 0)))
     assert kept["backend"] == "gloo" and kept["op"] == "all_reduce" and kept["elapsed_s"] == 3.1
     assert kept["transport"] == "gloo"
-    assert kept["inputs"] == {"image_id": "sha256:aa", "comm": "d1"}
-
-
-@pytest.mark.parametrize("text", [None, "", "{", "[]", '{"format": 99}', '{"format": 1}'])
-def test_an_unreadable_record_is_none(text):
-    assert rc.read_record(text) is None
-
-
-def test_the_digest_is_stable_and_sensitive():
-    one = comm_digest({"comm_env": "A=1\n", "rank_env": {"X": "1"}})
-    assert one == comm_digest({"rank_env": {"X": "1"}, "comm_env": "A=1\n"})
-    assert one != comm_digest({"comm_env": "A=2\n", "rank_env": {"X": "1"}})
-    assert re.fullmatch(r"[0-9a-f]{16}", one)
 
 
 # --------------------------------------------------------------------------- the rank's script
