@@ -25,9 +25,9 @@ import os
 import re
 from concurrent.futures import ThreadPoolExecutor
 
+from ansible_collections.dgx_spark.cluster.plugins.module_utils import stamp
 from ansible_collections.dgx_spark.cluster.plugins.module_utils.deployment_record import (
     file_digest,
-    read_stage_record,
     tree_fingerprint,
 )
 
@@ -210,15 +210,19 @@ def stale(source: dict, copy: dict) -> list[str]:
     return found
 
 
-def read_record(text: str) -> dict:
-    """The files of a verification record (deployment_record's shape, the model directory as
-    input, written by deployment_state with state=kept; an older collection's ``{"format": 1,
-    "files": {...}}`` reads the same).
+def read_record(text: str, model_dir: str | None = None) -> dict:
+    """The files of the weights' stamp (plugins/module_utils/stamp.py: the model directory as
+    input, the manifest of the files verified as the result), when it was made for
+    ``model_dir`` (a model of the same name in another directory has its own files).
 
-    Anything unreadable counts as no record: the files are then read again.
+    Anything unreadable, and an older collection's own record, counts as none: the files are
+    then read again.
     """
-    data = read_stage_record(text, required=("files",)) or {}
-    files = data.get("files")
+    data = stamp.read(text) or {}
+    if model_dir is not None and data.get("inputs", {}).get("model_dir") != model_dir:
+        return {}
+    result = data.get("result")
+    files = result.get("files") if isinstance(result, dict) else None
     return files if isinstance(files, dict) else {}
 
 

@@ -219,7 +219,7 @@ def run(params: dict) -> dict:
         known = {}
         if params.get("trust_record", True) and os.path.isfile(params["record"]):
             with open(params["record"], encoding="utf-8") as handle:
-                known = mm.read_record(handle.read())
+                known = mm.read_record(handle.read(), model_dir)
     if model_dir is None:
         described = {"files": {}, "dangling": [], "escaping": [], "hashed": [], "reused": []}
     else:

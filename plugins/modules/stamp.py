@@ -134,7 +134,8 @@ reason:
   type: str
   sample: "runs: mtu changed from 1500 to 9000"
 differences:
-  description: Each input that differs from the stamp's, by name with its old and new value, shortened.
+  description:
+    - Each input that differs from the stamp's, by name with its old and new value, shortened.
   returned: when O(state=check)
   type: list
   elements: str

@@ -154,10 +154,12 @@ def test_first_placement_is_checksummed_and_recorded(first_run, hosts, nodes, ti
     counts = sorted(hashed(first_run).values())
     assert counts == [(files, 0)] * len(nodes), counts
     for name, host in hosts.items():
-        record = host.check_output(f"sudo cat {BASE}/plain/.verified/tiny-qwen3-moe.json")
-        record = json.loads(record)
-        assert sorted(record["files"]) == sorted(sha256_tree(tiny)), name
-        assert all("sha256" in e and "mtime_ns" in e for e in record["files"].values()), name
+        stamp = host.check_output("sudo cat /var/lib/dgx-spark/stamps/weights-tiny-qwen3-moe.json")
+        stamp = json.loads(stamp)
+        assert stamp["inputs"]["model_dir"] == f"{BASE}/plain/tiny-qwen3-moe", name
+        files = stamp["result"]["files"]
+        assert sorted(files) == sorted(sha256_tree(tiny)), name
+        assert all("sha256" in e and "mtime_ns" in e for e in files.values()), name
 
 
 def test_rerun_changes_nothing_and_moves_zero_bytes(first_run, nodes, tiny):

@@ -27,7 +27,7 @@ DRILL = pytest.mark.drill
 
 
 MODEL_DIR = "/var/lib/dgx-spark/models/tiny-qwen3-moe"
-RECORD = "/var/lib/dgx-spark/models/.verified/tiny-qwen3-moe.json"
+RECORD = "/var/lib/dgx-spark/stamps/weights-tiny-qwen3-moe.json"
 COMM_ENV = "/etc/dgx-spark/comm.env"
 SERVING_ALIAS = "dgx-spark/vllm-serving:current"
 CONTAINERS = ("dgx-spark-vllm", "dgx-spark-ray")

@@ -6,13 +6,12 @@ import hashlib
 import json
 import os
 import shutil
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 from ansible_collections.dgx_spark.cluster.plugins.module_utils import model_manifest as mm
-from ansible_collections.dgx_spark.cluster.plugins.module_utils.deployment_record import (
-    stage_record,
-)
+from ansible_collections.dgx_spark.cluster.plugins.module_utils import stamp
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 OTHER = "89abcdef0123456789abcdef0123456789abcdef"
@@ -559,24 +558,32 @@ def test_without_known_nothing_changes_in_the_manifest(tmp_path):
     assert mm.build_manifest(str(root))["files"] == expected_manifest()
 
 
+STAMP = {"name": "weights-m", "inputs": {"model_dir": "/m"}, "passed_at": "2026-12-06T10:00:00Z",
+         "result": {"files": {"a.json": {"size": 1}}}, "format": 1}  # fmt: skip
+NOW = datetime(2026, 12, 6, 10, 0, tzinfo=UTC)
+
+
 @pytest.mark.parametrize(
     ("text", "files"),
     [
-        ('{"format": 1, "files": {"a.json": {"size": 1}}}', {"a.json": {"size": 1}}),
-        ('{"format": 2, "files": {"a.json": {"size": 1}}}', {}),
+        (json.dumps(STAMP), {"a.json": {"size": 1}}),
+        # An older collection's own record, another format, something unreadable: none.
+        ('{"format": 1, "files": {"a.json": {"size": 1}}}', {}),
+        (json.dumps({**STAMP, "format": 2}), {}),
         ("not json", {}),
         ("[]", {}),
-        ('{"format": 1, "files": []}', {}),
+        (json.dumps({**STAMP, "result": {"files": []}}), {}),
     ],
 )
 def test_read_record(text, files):
     assert mm.read_record(text) == files
 
 
-def test_the_verification_record_reads_back():
+def test_the_weights_stamp_reads_back_for_its_own_directory_only():
     files = {"model.safetensors": {"size": 3, "sha256": "ab", "mtime_ns": 1}}
-    made = stage_record({"model_dir": "/models/tiny"}, files=files)
-    assert mm.read_record(json.dumps(made)) == files
+    made = stamp.make("weights-tiny", {"model_dir": "/models/tiny"}, {"files": files}, NOW)
+    assert mm.read_record(json.dumps(made), "/models/tiny") == files
+    assert mm.read_record(json.dumps(made), "/other/tiny") == {}
 
 
 # --------------------------------------------------------------------------- stale copies

@@ -5,9 +5,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from ansible_collections.dgx_spark.cluster.plugins.module_utils import stamp
 from ansible_collections.dgx_spark.cluster.plugins.modules import model_manifest as mod
 from support.modules import run_module
 
@@ -108,7 +110,8 @@ def test_a_record_spares_reading_unchanged_files(tmp_path, capsys):
     code, first = run({"path": str(root), "record": str(record)}, capsys)
     assert code == 0 and (first["hashed"], first["reused"]) == (2, 0)
     assert all("mtime_ns" in entry for entry in first["manifest"].values())
-    record.write_text(json.dumps({"format": 1, "files": first["manifest"]}))
+    made = {"model_dir": first["model_dir"]}, {"files": first["manifest"]}, datetime.now(UTC)
+    record.write_text(json.dumps(stamp.make("weights-head", *made)))
     again = run({"path": str(root), "record": str(record)}, capsys)[1]
     assert (again["hashed"], again["reused"]) == (0, 2)
     assert again["manifest"] == first["manifest"]
