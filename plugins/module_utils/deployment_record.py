@@ -323,8 +323,8 @@ def _container_reasons(recorded: dict, containers: dict) -> list[str]:
 
 
 def _value(value) -> str:
-    """A value as one short line for a reason."""
-    text = json.dumps(value, sort_keys=True, default=str)
+    """A value as one short line for a reason (a string as it is, anything else as JSON)."""
+    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
     return text if len(text) <= 60 else text[:57] + "..."
 
 

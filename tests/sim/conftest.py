@@ -86,13 +86,13 @@ def pytest_terminal_summary(terminalreporter) -> None:
 
 
 # The order `make test` runs the modules in, for speed only: every module takes the pair from
-# what it finds (deployed_pair / serving_pair run deploy.yml, whose in-step check ends every
-# stage at once when the pair is as its stages left it, and otherwise repairs from the
-# first stage out of step), so no module needs another to run before it; tools/sim_alone.py
-# runs each module alone, in a shuffled order, to show it. This order only saves whole runs:
-# read-only checks and refusals first (host_prep.yml before any deploy of the tests'), the
-# stages' own tests while the pair is still in step, and the modules that leave the pair out
-# of step later, each next to one that repairs it anyway (test_firewall's rank drill restarts
+# what it finds (deployed_pair / serving_pair run deploy.yml, a no-op when the pair is as the
+# last converge left it, and otherwise a converge), so no module needs another to run before
+# it; tools/sim_alone.py runs each module alone, in a shuffled order, to show it. This order
+# only saves whole runs: read-only checks and refusals first (host_prep.yml before any deploy
+# of the tests'), the stages' own tests while the pair is still as the last converge left it,
+# and the modules that leave it otherwise later, each next to one that repairs it anyway
+# (test_firewall's rank drill restarts
 # a container, test_serving ends on a rotated key, test_monitoring records its own settings,
 # test_upgrade ends on the test's donor), and test_teardown last: it takes the pair as it
 # serves and removes the deployment, which no module after it then deploys again.
@@ -236,12 +236,12 @@ class PlaybookRun:
         """'host: task' for every task that reported a change (for assertion messages)."""
         return [f"{h}: {n}" for n, h, r in self.results() if r.get("changed")]
 
-    def in_step_report(self, required: bool = True) -> str:
-        """What the in-step check (deploy_state's in_step.yml) said: one sentence when the pair
-        is in step, else the opening line and one line per reason. A run that said nothing
-        fails the test, unless not required ('' then)."""
-        said = [r.get("msg", "") for name, _h, r in self.results() if name == "Report it"]
-        assert said or not required, f"the in-step check said nothing:\n{self.raw[-3000:]}"
+    def noop_report(self, required: bool = True) -> str:
+        """What the no-op check (the converge role, playbooks/noop.yml) said: one sentence on a
+        no-op, else the opening line and one line per reason. A run that said nothing fails the
+        test, unless not required ('' then)."""
+        said = [r.get("msg", "") for name, _h, r in self.results() if name == NOOP_TASK]
+        assert said or not required, f"the no-op check said nothing:\n{self.raw[-3000:]}"
         return "" if not said else said[0] if isinstance(said[0], str) else "\n".join(said[0])
 
     def messages(self) -> str:
@@ -303,32 +303,28 @@ def _answers(nodes, key: str | None = None) -> bool:
     return endpoint.complete(serve["vllm_serve_served_model_name"], "spark").ok
 
 
-# What the in-step check says when a run starts at host_prep for a record's difference: the
-# later stages are asked again at their turns (roles/deploy_state/tasks/gate.yml).
-FROM_HOST_PREP = (
-    "Running the stages from host_prep on; each later stage runs at its turn only if it still "
-    "has something to do:"
-)
+# The no-op check's report task (roles/converge/tasks/main.yml), and how it opens on a no-op
+# and on a converge.
+NOOP_TASK = "Say why this run is a no-op or a converge"
+NOOP = "No-op:"
+CONVERGE = "Converge: every stage runs, because"
 
 
-# Where the modules' own deploy.yml runs say why they ran every stage (or that the pair was in
-# step): a whole run costs a minute or more, and `make test` shows no passing test's output.
+# Where the modules' own deploy.yml runs say why they converged (or that the run was a no-op):
+# a converge costs a minute or more, and `make test` shows no passing test's output.
 DEPLOYS_LOG = ROOT / ".cache" / "sim-test-deploys.log"
 
 
-def bring_in_step(who: str, nodes, *extra: str, key: str | None = None) -> None:
-    """deploy.yml's own in-step check (playbooks/in_step.yml, seconds), and deploy.yml where it
-    finds the pair out of step with the inventory and EXTRA (a full deploy on a fresh pair, or a
-    repair of what ran before: a restarted container, other settings recorded, a torn-down
-    pair); then one token with ``key`` (the inventory's by default). Its seconds and the in-step
-    check's words go to DEPLOYS_LOG under who."""
-    path = "playbooks/in_step.yml"
+def converge(who: str, nodes, *extra: str, key: str | None = None) -> None:
+    """deploy.yml with the inventory and EXTRA, as an owner runs it: a no-op (seconds) when
+    the pair is as the last converge with these settings left it, else a converge (a full
+    deploy on a fresh pair, or a repair of what ran before: a restarted container, other
+    settings, a torn-down pair); then one token with ``key`` (the inventory's by default). Its
+    seconds and the no-op check's words go to DEPLOYS_LOG under who."""
+    path = "deploy.yml"
     run = run_playbook(path, *extra)
-    if run.rc != 0 or not run.in_step_report(required=False).startswith("In step"):
-        path = "deploy.yml"
-        run = run_playbook(path, *extra)
     assert run.rc == 0, run.failures() or run.raw[-4000:]
-    said = run.in_step_report().replace("\n", "\n  ")
+    said = run.noop_report().replace("\n", "\n  ")
     line = f"{who}: {path} {run.seconds:.0f}s: {said}"
     print(f"\n{line}")
     DEPLOYS_LOG.parent.mkdir(exist_ok=True)
@@ -340,8 +336,8 @@ def bring_in_step(who: str, nodes, *extra: str, key: str | None = None) -> None:
 @pytest.fixture(scope="module")
 def deployed_pair(request, sim, nodes):
     """The pair serving the inventory's deployment, for each module that needs it whatever ran
-    before (bring_in_step)."""
-    bring_in_step(request.module.__name__, nodes)
+    before (converge)."""
+    converge(request.module.__name__, nodes)
     return nodes
 
 
@@ -350,13 +346,13 @@ def pair_with_images(request, sim, nodes):
     """The pair answering with the inventory's key and the serving alias on every node, whatever
     images stage record an earlier module left (molecule's images scenario, images.yml run
     with other names): for the modules that run the images stage themselves and need no more
-    of the pair. deploy.yml (bring_in_step) only where a node lacks the alias or the pair does
-    not answer; the next module that needs the pair in step repairs what is left."""
+    of the pair. deploy.yml (converge) only where a node lacks the alias or the pair does not
+    answer; the next module that needs the pair as the inventory has it converges it."""
     alias = "dgx-spark/vllm-serving:current"
     if all(on_node(n, "docker", "image", "inspect", alias, check=False).returncode == 0
            for n in nodes) and _answers(nodes):  # fmt: skip
         return nodes
-    bring_in_step(request.module.__name__, nodes)
+    converge(request.module.__name__, nodes)
     return nodes
 
 

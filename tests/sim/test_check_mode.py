@@ -2,11 +2,10 @@
 change, and changes nothing (issue #45).
 
 With one serving setting changed (vllm_serve_max_model_len), a real run would restart the
-serving group; in check mode the run starts at the same stage as the real run would, and
-must get through every stage it reaches (the read-only
-probes carry check_mode: false), report the changes, and leave each node as it was: the
-containers and what they were started with, the images, the files the collection writes
-under /etc and its record, and the firewall table.
+serving group; in check mode the run converges as the real run would, and must get through
+every stage (the read-only probes carry check_mode: false), report the changes, and leave each
+node as it was: the containers and what they were started with, the images, the files the
+collection writes under /etc, its record and stamps, and the firewall table.
 """
 
 from __future__ import annotations
@@ -14,7 +13,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import _answers, on_node, run_playbook
+from conftest import CONVERGE, NOOP, _answers, on_node, run_playbook
 
 SETTING = "vllm_serve_max_model_len=256"
 # What the collection writes on a node that a check-mode run must leave alone. The watchdog's
@@ -23,7 +22,8 @@ PATHS = (
     "/etc/dgx-spark",
     "/etc/netplan",
     "/etc/systemd/system/dgx-spark-firewall.service",
-    "/var/lib/dgx-spark/deployed.json",
+    "/var/lib/dgx-spark/converged.json",
+    "/var/lib/dgx-spark/stamps",
     "/var/lib/dgx-spark/vllm",
 )
 LIST_FILES = (
@@ -78,13 +78,11 @@ def test_check_mode_runs_to_the_end_and_reports_the_changes(checked):
     _before, run, _after = checked
     assert run.rc == 0, run.failures() or run.raw[-4000:]
     assert not run.failures(), run.failures()
-    # The in-step check judges a check run as the real run: it starts at the serving stage, the
-    # first that reads the setting, and the stages before it end at their first task.
-    said = run.in_step_report()
-    assert said.startswith("Running the stages from serve on"), said
+    # The no-op check judges a check run as the real run: it converges, naming the setting.
+    said = run.noop_report()
+    assert said.splitlines()[:2] == [CONVERGE, "spark-1: vllm_serve_max_model_len: 512 -> 256"]
     ran = {name for name, _host, res in run.results() if not res.get("skipped")}
-    assert "Gather the network facts the links are checked against" not in ran, sorted(ran)
-    assert "Look for the base and the donor on the node" not in ran, sorted(ran)
+    assert "Gather the network facts the links are checked against" in ran, sorted(ran)
     # The serving group would restart with the new setting: the head says so.
     assert run.changed()["spark-1"] > 0, run.changed_tasks()
     changed = {task.split(": ", 1)[1] for task in run.changed_tasks()}
@@ -101,8 +99,8 @@ def test_check_mode_changes_nothing_on_the_nodes(checked):
             assert after[node][part] == state[part], f"{node}: {part} changed in check mode"
 
 
-def test_the_pair_still_serves_and_is_still_in_step(checked, deployed_pair):
+def test_the_pair_still_serves_and_the_next_run_is_a_no_op(checked, deployed_pair):
     assert _answers(deployed_pair), "the pair does not answer after the check-mode run"
-    again = run_playbook("playbooks/in_step.yml")
+    again = run_playbook("playbooks/noop.yml")
     assert again.rc == 0, again.failures() or again.raw[-3000:]
-    assert again.in_step_report().startswith("In step"), again.in_step_report()
+    assert again.noop_report().startswith(NOOP), again.noop_report()

@@ -4,12 +4,12 @@ containers on a plain run, and a container whose settings did not change is not 
 A run with one more key in spark_rank_env (the ranks' environment, given to the Ray and the
 serving containers) puts it in every rank's container; the next plain run (the inventory's
 spark_rank_env) takes it out of every one of them, the pair serves, and the run after that is
-in step. community.docker compares an environment, mounts, devices and labels as "more may be
+a no-op. community.docker compares an environment, mounts, devices and labels as "more may be
 present" unless told; spark_container_comparisons tells it to compare them strictly.
 
-A file the Ray containers load (comm.env, written by host_prep) reaches them the same way: the
-ray stage is handed it, so a run that rewrites it recreates the Ray containers, and the serve
-stage follows them."""
+A file the Ray containers load (comm.env, written by host_prep) reaches them the same way: a
+converge runs every stage, so the one that rewrites it recreates the Ray containers, and the
+serve stage follows them."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import FROM_HOST_PREP, _answers, on_node
+from conftest import CONVERGE, NOOP, _answers, on_node
 
 # Two whole deploys in each test (about four minutes): drills, run by `make test-drills`,
 # not `make test`.
@@ -74,39 +74,25 @@ def test_a_key_taken_from_spark_rank_env_leaves_every_rank_container(deployed_pa
 
     again = playbook("deploy.yml")
     assert again.rc == 0, again.failures()
-    assert again.in_step_report().startswith("In step"), again.in_step_report()
+    assert again.noop_report().startswith(NOOP), again.noop_report()
     # Nothing was recreated by the run with nothing to do.
     assert {node.name: containers(node) for node in nodes} == after
 
 
-def turns(run) -> list:
-    return [r.get("msg") for name, _h, r in run.results() if name == "Report the stage's turn"]
-
-
 def test_a_file_host_prep_rewrites_reaches_the_stages_it_is_handed_to(deployed_pair, playbook):
     """A setting only host_prep reads (host_prep_comm_env_extra) changes comm.env, which the
-    Ray containers load: the run starts at host_prep, the images and model stages have
-    nothing to do at their turns, the ray stage runs for the file and the serve stage for the
-    Ray containers it recreated; every Ray container carries the variable and the pair
-    serves. The inventory's run takes it out of every Ray container again, and is in step."""
+    Ray containers load: the run converges naming the setting, host_prep writes the file, the
+    ray stage recreates the Ray containers with it and the serve stage follows them; every Ray
+    container carries the variable and the pair serves. The inventory's run takes it out of
+    every Ray container again, and the next run is a no-op."""
     nodes = deployed_pair
     extra = ["-e", json.dumps({"host_prep_comm_env_extra": {"NCCL_DEBUG": "WARN"}})]
     try:
         run = playbook("deploy.yml", *extra)
         assert run.rc == 0, run.failures() or run.raw[-3000:]
-        assert run.in_step_report().startswith(FROM_HOST_PREP), run.in_step_report()
-        said = turns(run)
-        assert said[:2] == [
-            f"The {stage} stage has nothing to do: every node is as it recorded."
-            for stage in ("images", "model")
-        ], said
-        assert said[2][0] == "Running the ray stage:", said
-        assert (
-            "spark-2: /etc/dgx-spark/comm.env: changed since the ray stage last ran" in (said[2])
-        ), said
-        assert said[3][0] == "Running the serve stage:", said
-        assert any("the ray containers: changed since the serve stage" in line
-                   for line in said[3]), said  # fmt: skip
+        said = run.noop_report()
+        assert said.startswith(CONVERGE), said
+        assert 'spark-2: host_prep_comm_env_extra: set to {"NCCL_DEBUG": "WARN"}' in said, said
         for node in nodes:
             assert containers(node)["dgx-spark-ray"]["env"].get("NCCL_DEBUG") == "WARN", node.name
         assert _answers(nodes), "the pair does not serve with the variable"
@@ -115,4 +101,4 @@ def test_a_file_host_prep_rewrites_reaches_the_stages_it_is_handed_to(deployed_p
     assert back.rc == 0, back.failures() or back.raw[-3000:]
     for node in nodes:
         assert "NCCL_DEBUG" not in containers(node)["dgx-spark-ray"]["env"], node.name
-    assert playbook("playbooks/in_step.yml").in_step_report().startswith("In step")
+    assert playbook("playbooks/noop.yml").noop_report().startswith(NOOP)

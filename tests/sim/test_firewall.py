@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import FROM_HOST_PREP, bring_in_step, drills
+from conftest import CONVERGE, NOOP, converge, drills
 
 INVENTORY = Path(__file__).resolve().parents[2] / "inventories" / "sim"
 
@@ -295,15 +295,14 @@ def rank_containers(nodes) -> dict[str, str]:
 def test_a_changed_allowed_sources_reaches_the_firewall_through_deploy(
     deployed_pair, nodes, outsider, controller, playbook
 ):
-    """deploy.yml with vllm_serve_allowed_sources narrowed to the controller: the run starts at
-    host_prep (its firewall reads the setting), the head's table holds the new set, the
-    outsider is refused on the serving port while the controller is answered, and the same run
-    again is in step. Asked again at their turns, the stages between host_prep and monitoring
-    (which reads the setting too) have nothing to do: no rank's container is touched. The
-    inventory's default then admits the outsider again, and a bad CIDR is refused before any
-    node is changed. The pair is first brought in step (where the drill above ran, it restarted
-    a rank: a difference of the ray and serve stages), so what runs is the setting's alone."""
-    bring_in_step("test_firewall (allowed sources)", nodes)
+    """deploy.yml with vllm_serve_allowed_sources narrowed to the controller: the run converges
+    naming the setting, the head's table holds the new set, the outsider is refused on the
+    serving port while the controller is answered, and the same run again is a no-op. Every
+    stage ran, each idempotent: no rank's container is touched. The inventory's default then
+    admits the outsider again, and a bad CIDR is refused before any node is changed. The pair
+    is first converged (where the drill above ran, it restarted a rank), so what changes is
+    the setting's alone."""
+    converge("test_firewall (allowed sources)", nodes)
     head = nodes[0]
     default = serving_sources(head)
     ranks = rank_containers(nodes)
@@ -311,24 +310,16 @@ def test_a_changed_allowed_sources_reaches_the_firewall_through_deploy(
     try:
         run = playbook("deploy.yml", *narrowed)
         assert run.rc == 0, run.failures() or run.raw[-4000:]
-        said = run.in_step_report()
-        assert said.startswith(FROM_HOST_PREP), said
-        assert "spark-1: the host_prep stage's inputs changed: vllm_serve_allowed_sources" in (
-            said
-        ), said
-        turns = [r.get("msg") for name, _h, r in run.results() if name == "Report the stage's turn"]
-        assert turns[:4] == [
-            f"The {stage} stage has nothing to do: every node is as it recorded."
-            for stage in ("images", "model", "ray", "serve")
-        ], turns
-        assert turns[4][0] == "Running the monitoring stage:", turns
+        said = run.noop_report()
+        assert said.startswith(CONVERGE), said
+        assert "spark-1: vllm_serve_allowed_sources: set to [" in said, said
         assert rank_containers(nodes) == ranks and len(ranks) == 3, ranks
         assert serving_sources(head) == [controller], (serving_sources(head), default)
         assert connect(outsider, head.mgmt_ip, SERVING_PORT) == "refused"
         assert completion(head) == 2
         again = playbook("deploy.yml", *narrowed)
         assert again.rc == 0, again.failures()
-        assert again.in_step_report().startswith("In step"), again.in_step_report()
+        assert again.noop_report().startswith(NOOP), again.noop_report()
         assert again.changed() == {"localhost": 0, "spark-1": 0, "spark-2": 0}
     finally:
         back = playbook("deploy.yml")

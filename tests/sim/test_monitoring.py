@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import _answers, _load, drills, on_node, run_playbook
+from conftest import NOOP, _answers, _load, drills, on_node, run_playbook
 
 ROOT = Path(__file__).resolve().parents[2]
 monitoring = _load("dgx_spark_monitoring_sim", ROOT / "plugins" / "module_utils" / "monitoring.py")
@@ -68,11 +68,12 @@ def wait_for(what: str, check, timeout: float, step: float = 2.0):
 
 @pytest.fixture(scope="module")
 def monitored(sim, deployed_pair):
-    """The pair serving in step (deployed_pair), then monitoring on through its own stage:
+    """The pair serving as the inventory has it (deployed_pair), then monitoring on through its
+    own stage:
     playbooks/monitoring.yml, the playbook deploy.yml runs with spark_monitoring true, which
     loads host_prep's table with the monitoring ports before it starts anything. Afterwards
-    deploy.yml with the inventory's spark_monitoring (false) removes it, and the pair is in
-    step again: no container or table rule of the monitoring is left."""
+    deploy.yml with the inventory's spark_monitoring (false) removes it, and the next run is a
+    no-op: no container or table rule of the monitoring is left."""
     nodes = deployed_pair
     sim.monitoring(build_only=False)
     run = run_playbook("playbooks/monitoring.yml", *ON)
@@ -91,8 +92,8 @@ def monitored(sim, deployed_pair):
         table = on_node(node, "nft", "list", "table", "inet", "dgx_spark").stdout
         assert "scrapers" not in table and "9100" not in table, node.name
     on_node(nodes[0], "rm", "-rf", PROMETHEUS_DATA)
-    check = run_playbook("playbooks/in_step.yml")
-    assert check.rc == 0 and check.in_step_report().startswith("In step"), check.raw[-3000:]
+    check = run_playbook("playbooks/noop.yml")
+    assert check.rc == 0 and check.noop_report().startswith(NOOP), check.raw[-3000:]
 
 
 def test_a_second_run_changes_nothing(monitored):

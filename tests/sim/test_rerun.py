@@ -1,18 +1,18 @@
-"""A rerun of deploy.yml with nothing to do runs no stage, and anything that moved is seen.
+"""A run of deploy.yml is a no-op or a converge, and anything that moved is named.
 
-playbooks/in_step.yml compares every node with the record its stages left there
-(settings fingerprints, the collection's containers) and asks for one token; in step, every
-stage ends at once; otherwise the run starts at the first stage anything moved in.
-benchmarks/noop_rerun.py prints what that costs against a ping.
+playbooks/noop.yml (the converge role) compares every node with the record the last converge
+left there (the settings themselves, the collection, the containers, images, host files,
+weights and firewall table) and asks for one token: a no-op ends every play at once; anything
+else converges, every stage idempotent. benchmarks/noop_rerun.py prints what a no-op costs
+against a ping.
 """
 
 from __future__ import annotations
 
-import json
 import shlex
 
 import pytest
-from conftest import FROM_HOST_PREP, run_playbook
+from conftest import CONVERGE, NOOP, run_playbook
 
 STAGE_TASKS = (  # one task of each stage that a full run always runs
     "Validate the settings of host_prep against its argument spec",
@@ -52,110 +52,97 @@ def overwrite_middle(host) -> None:
 
 
 @pytest.fixture(scope="module")
-def in_step(deployed_pair):
-    """The pair in step (deployed_pair: its in-step check, and the full run that records where
-    it was out of step), then deploy.yml, which must find nothing to do."""
+def noop(deployed_pair):
+    """The pair as the inventory's converge left it (deployed_pair: deploy.yml, a no-op or a
+    converge), then deploy.yml, which must be a no-op."""
     again = run_playbook("deploy.yml")
     assert again.rc == 0, again.failures() or again.raw[-3000:]
     print(f"\ndeploy.yml with nothing to do: {again.seconds:.1f}s")
-    return None, again
+    return again
 
 
-def test_a_rerun_with_nothing_to_do_runs_no_stage(in_step):
-    _first, again = in_step
-    assert again.in_step_report().startswith("In step"), again.in_step_report()
-    assert again.changed() == {"localhost": 0, "spark-1": 0, "spark-2": 0}, again.changed_tasks()
-    assert not ran(again) & set(STAGE_TASKS), ran(again) & set(STAGE_TASKS)
+def test_a_rerun_with_nothing_to_do_is_a_no_op_and_restarts_nothing(noop, hosts):
+    assert noop.noop_report().startswith(NOOP), noop.noop_report()
+    assert noop.changed() == {"localhost": 0, "spark-1": 0, "spark-2": 0}, noop.changed_tasks()
+    assert not ran(noop) & set(STAGE_TASKS), ran(noop) & set(STAGE_TASKS)
     # It still proved the endpoint answers.
-    probes = [r for name, _h, r in again.results() if name == "Ask the pair for one token"]
+    probes = [r for name, _h, r in noop.results() if name == "Ask the pair for one token"]
     assert probes and probes[0]["healthy"] and not probes[0].get("skipped"), probes
 
 
-def test_a_stage_run_alone_records_what_it_was_given(in_step):
-    """host_prep.yml alone with a host_prep setting: host_prep's own record takes the value.
-    Given the same value, the in-step check finds only the monitoring stage behind (it loads
-    the firewall through host_prep's tasks, so it reads every host_prep setting too); without
-    it, host_prep's record names the setting. Running host_prep.yml again with the
-    inventory's value puts the record back: in step."""
-    setting = "host_prep_peer_wait_s=31"
-    alone = run_playbook("playbooks/host_prep.yml", "-e", setting)
-    try:
-        assert alone.rc == 0, alone.failures() or alone.raw[-3000:]
-        assert "Record what this stage was given and left, for host_prep" in ran(alone)
-        same = run_playbook("playbooks/in_step.yml", "-e", setting).in_step_report()
-        assert same.splitlines() == [
-            "Running the stages from monitoring on; those before it have nothing to do:",
-            "spark-1: the monitoring stage's inputs changed: host_prep_peer_wait_s",
-            "spark-2: the monitoring stage's inputs changed: host_prep_peer_wait_s",
-        ], same
-        plain = run_playbook("playbooks/in_step.yml").in_step_report()
-        assert plain.splitlines() == [
-            FROM_HOST_PREP,
-            "spark-1: the host_prep stage's inputs changed: host_prep_peer_wait_s",
-            "spark-2: the host_prep stage's inputs changed: host_prep_peer_wait_s",
-        ], plain
-    finally:
-        back = run_playbook("playbooks/host_prep.yml")
-    assert back.rc == 0, back.failures() or back.raw[-3000:]
-    assert run_playbook("playbooks/in_step.yml").in_step_report().startswith("In step")
+def test_a_converge_with_nothing_to_change_restarts_nothing(noop, hosts):
+    """-e deploy_full=true: every stage runs, each idempotent: nothing changes on any node, no
+    container is started again, and the run says why it converged."""
+    started = {name: started_at(host) for name, host in hosts.items()}
+    full = run_playbook("deploy.yml", "-e", "deploy_full=true")
+    assert full.rc == 0, full.failures() or full.raw[-3000:]
+    assert full.noop_report().splitlines() == [CONVERGE, "deploy_full is true"], full.noop_report()
+    assert set(STAGE_TASKS) <= ran(full), set(STAGE_TASKS) - ran(full)
+    assert full.changed() == {"localhost": 0, "spark-1": 0, "spark-2": 0}, full.changed_tasks()
+    assert {name: started_at(host) for name, host in hosts.items()} == started
+    print(f"\ndeploy.yml converging with nothing to change: {full.seconds:.1f}s")
 
 
-def test_a_stopped_container_puts_the_pair_out_of_step(in_step, hosts):
+def started_at(host) -> dict[str, str]:
+    """Each of the collection's containers on the node with its start time."""
+    out = host.check_output(
+        "sudo docker ps -a --filter label=dgx_spark.cluster.component "
+        "--format '{{.Names}} {{.ID}}' | sort"
+    )
+    return {
+        line.split()[0]: host.check_output(
+            f"sudo docker inspect --format '{{{{.State.StartedAt}}}}' {line.split()[1]}"
+        )
+        for line in out.splitlines()
+    }
+
+
+def test_a_stopped_container_is_named_and_the_run_converges(noop, hosts):
     head = hosts["spark-1"]
     head.check_output("sudo docker stop dgx-spark-watchdog")
     try:
-        check = run_playbook("playbooks/in_step.yml")
+        check = run_playbook("playbooks/noop.yml")
     finally:
         head.check_output("sudo docker start dgx-spark-watchdog")
     assert check.rc == 0, check.failures() or check.raw[-3000:]
-    assert "dgx-spark-watchdog: not running" in check.in_step_report(), check.in_step_report()
-    # The serving stage starts the watchdog: the run starts there.
-    assert check.in_step_report().startswith(
-        "Running the stages from serve on; those before it have nothing to do"
-    ), check.in_step_report()
+    said = check.noop_report()
+    assert said.startswith(CONVERGE) and "spark-1: dgx-spark-watchdog: not running" in said, said
 
 
 @pytest.mark.parametrize(
-    ("setting", "said", "start"),
+    ("setting", "said"),
     [
-        # Read first by the serving stage: the stages before it have nothing to do.
-        ("vllm_serve_max_model_len=256",
-         "the serve stage's inputs changed: vllm_serve_max_model_len",
-         "Running the stages from serve on"),
-        # The firewall opens the serving port: host_prep reads it first, so every stage.
-        ("vllm_serve_port=8001",
-         "the host_prep stage's inputs changed: vllm_serve_port", FROM_HOST_PREP),
+        ("vllm_serve_max_model_len=256", "vllm_serve_max_model_len: 512 -> 256"),
+        # A role default the inventory does not set: the record has no value of it.
+        ("vllm_serve_port=8001", "vllm_serve_port: set to 8001 (not set at the last converge)"),
     ],
 )  # fmt: skip
-def test_a_changed_setting_puts_the_pair_out_of_step(in_step, setting, said, start):
-    check = run_playbook("playbooks/in_step.yml", "-e", setting)
+def test_a_changed_setting_is_named_with_its_old_and_new_value(noop, setting, said):
+    check = run_playbook("playbooks/noop.yml", "-e", setting)
     assert check.rc == 0, check.failures() or check.raw[-3000:]
-    assert said in check.in_step_report(), check.in_step_report()
-    assert check.in_step_report().startswith(start), check.in_step_report()
+    report = check.noop_report()
+    assert report.splitlines() == [CONVERGE, f"spark-1: {said}", f"spark-2: {said}"], report
 
 
-def test_a_partial_run_is_never_taken_for_in_step(in_step):
+def test_a_tagged_run_compares_nothing_and_records_nothing(noop, hosts):
+    """--tags model: the run reaches the model stage alone, converges it, and leaves the record
+    as the last converge wrote it: the next full run is still a no-op."""
+    record = "sudo stat -c %Y /var/lib/dgx-spark/converged.json"
+    before = {name: host.check_output(record) for name, host in hosts.items()}
     check = run_playbook("deploy.yml", "--tags", "model")
     assert check.rc == 0, check.failures() or check.raw[-3000:]
-    assert check.in_step_report() == "Running the stages asked for.", check.in_step_report()
+    assert "this run names --tags or --skip-tags" in check.noop_report(), check.noop_report()
     assert "Describe and check the head's copy" in ran(check), sorted(ran(check))
-    # Preflight checked the model stage's settings only, and host_prep's play ended at once.
-    assert "Validate the settings of model_cache against its argument spec" in ran(check)
-    assert not ran(check) & {
-        "Validate the settings of host_prep against its argument spec",
-        "Gather the network facts the links are checked against",
-    }, sorted(ran(check))
-    assert (
-        "This run reaches the stages model: checking the settings of model_cache, "
-        "deploy_state, operate." in check.messages()
-    ), check.messages()[-3000:]
+    assert "Gather the network facts the links are checked against" not in ran(check)
+    assert {name: host.check_output(record) for name, host in hosts.items()} == before
+    assert run_playbook("playbooks/noop.yml").noop_report().startswith(NOOP)
 
 
-def test_drift_a_rerun_must_see_is_seen_and_repaired(in_step, hosts):
+def test_drift_a_rerun_must_see_is_seen_and_repaired(noop, hosts):
     """Hand edits no container shows: a flushed firewall table, an edited comm.env, a
     retagged serving alias and a weight shard changed in place on the worker (other bytes at
-    the same size, so only its modification time tells). The in-step check names each, and
-    the full run that follows repairs them and is in step again."""
+    the same size, so only its modification time tells). The no-op check names each, the
+    converge that follows repairs them, and the next run is a no-op again."""
     head, worker = hosts["spark-1"], hosts["spark-2"]
     alias = "dgx-spark/vllm-serving:current"
     model, shard = MODEL, SHARD
@@ -173,11 +160,12 @@ def test_drift_a_rerun_must_see_is_seen_and_repaired(in_step, hosts):
     assert shard_stat(worker)[0] == size
     assert worker.check_output(f"sudo sha256sum {model}/{shard}").split()[0] != good_shard
 
-    check = run_playbook("playbooks/in_step.yml")
-    said = check.in_step_report()
+    check = run_playbook("playbooks/noop.yml")
+    said = check.noop_report()
+    assert said.startswith(CONVERGE), said
     for line in (
-        "spark-2: nftables table inet dgx_spark: differs since the last run",
-        "spark-1: /etc/dgx-spark/comm.env: edited since the last run",
+        "spark-2: nftables table inet dgx_spark: differs since the last converge",
+        "spark-1: /etc/dgx-spark/comm.env: edited since the last converge",
         f"spark-2: {alias} is sha256:",
         f"spark-2: /var/lib/dgx-spark/models: tiny-qwen3-moe/{shard} changed",
     ):
@@ -193,50 +181,15 @@ def test_drift_a_rerun_must_see_is_seen_and_repaired(in_step, hosts):
     )
     assert worker.check_output(f"sudo sha256sum {model}/{shard}").split()[0] == good_shard
     again = run_playbook("deploy.yml")
-    assert again.in_step_report().startswith("In step"), again.in_step_report()
+    assert again.noop_report().startswith(NOOP), again.noop_report()
     assert again.changed() == {"localhost": 0, "spark-1": 0, "spark-2": 0}, again.changed_tasks()
     print(f"\ndrift: seen in {check.seconds:.1f}s, repaired by deploy.yml in {repair.seconds:.0f}s")
 
 
-def rank_env(host) -> list[str]:
-    return json.loads(
-        host.check_output("sudo docker inspect --format '{{json .Config.Env}}' dgx-spark-ray")
-    )
-
-
-def test_a_file_host_prep_rewrites_is_named_for_the_stages_it_is_handed_to(in_step, hosts):
-    """A setting only host_prep reads (host_prep_comm_env_extra) changes comm.env, which the
-    Ray containers load at their start. The host_prep stage run alone with it writes the file
-    and records its own inputs; the in-step check with the same setting then names the file for
-    the ray stage (handed to it) on each node, and nothing for host_prep. No running container
-    is touched. host_prep with the inventory's settings writes the file back as the ray stage
-    last saw it: in step again. (The whole run, where the ray stage recreates the containers
-    with the variable and the serve stage follows: tests/sim/test_container_settings.py, a
-    drill.)"""
-    extra = ["-e", json.dumps({"host_prep_comm_env_extra": {"NCCL_DEBUG": "WARN"}})]
-    envs = {name: rank_env(host) for name, host in hosts.items()}
-    try:
-        prep = run_playbook("playbooks/host_prep.yml", *extra)
-        assert prep.rc == 0, prep.failures() or prep.raw[-3000:]
-        for host in hosts.values():
-            assert "NCCL_DEBUG=WARN" in host.check_output("sudo cat /etc/dgx-spark/comm.env")
-        said = run_playbook("playbooks/in_step.yml", *extra).in_step_report()
-        for name in hosts:
-            assert f"{name}: /etc/dgx-spark/comm.env: changed since the ray stage last ran" in (
-                said
-            ), said
-        assert "host_prep stage" not in said, said
-        assert {name: rank_env(host) for name, host in hosts.items()} == envs
-    finally:
-        back = run_playbook("playbooks/host_prep.yml")
-    assert back.rc == 0, back.failures() or back.raw[-3000:]
-    assert run_playbook("playbooks/in_step.yml").in_step_report().startswith("In step")
-
-
-def test_a_shard_changed_at_its_size_and_time_is_seen_only_by_a_checksum(in_step, hosts):
+def test_a_shard_changed_at_its_size_and_time_is_seen_only_by_a_checksum(noop, hosts):
     """What the record cannot see: a shard changed in place with its size and modification
     time put back (the record keeps those, not the bytes: reading 119 GB on every rerun would
-    not take seconds). The rerun's check says in step; the model stage with
+    not take seconds). The rerun's check says no-op; the model stage with
     model_cache_verify=checksum reads every byte and names the file. The shard is put back."""
     head, worker = hosts["spark-1"], hosts["spark-2"]
     good = head.check_output(f"sudo sha256sum {MODEL}/{SHARD}").split()[0]
@@ -249,9 +202,9 @@ def test_a_shard_changed_at_its_size_and_time_is_seen_only_by_a_checksum(in_step
         assert shard_stat(worker) == before
         assert worker.check_output(f"sudo sha256sum {MODEL}/{SHARD}").split()[0] != good
 
-        check = run_playbook("playbooks/in_step.yml")
+        check = run_playbook("playbooks/noop.yml")
         assert check.rc == 0, check.failures() or check.raw[-3000:]
-        assert check.in_step_report().startswith("In step"), check.in_step_report()
+        assert check.noop_report().startswith(NOOP), check.noop_report()
 
         verify = run_playbook("playbooks/model.yml", "-e", "model_cache_verify=checksum")
         assert verify.rc != 0, "the checksum run passed a shard whose bytes differ"

@@ -17,7 +17,7 @@ import base64
 import subprocess
 
 import pytest
-from conftest import _answers, bring_in_step, run_playbook
+from conftest import _answers, converge, run_playbook
 from conftest import playbook_report as playbook
 from test_serving import ROTATED
 
@@ -77,9 +77,9 @@ def answering_pair(sim, nodes):
     """The pair as it serves, whatever its record says (`make test` runs this module last,
     after test_upgrade left its own donor's image serving, under test_serving's rotated key):
     the teardown removes what serves. Where the pair answers neither the inventory's key nor
-    the rotated one, bring_in_step deploys it."""
+    the rotated one, deploy.yml converges it."""
     if not (_answers(nodes) or _answers(nodes, ROTATED)):
-        bring_in_step("test_teardown", nodes)
+        converge("test_teardown", nodes)
     return nodes
 
 

@@ -4,23 +4,31 @@ vllm-node with a newer vLLM gives; the sim's base is served as it is, as a Spark
 rerun sees the new image and moves every rank (the Ray containers and the driver) to it
 together; a new image that does not serve is rolled back as a whole.
 
-The module starts from the pair in step with the inventory under the key test_serving rotated
-to (conftest's bring_in_step: the in-step check of deploy.yml, and its repair of what an
-earlier module left), so the upgrade's deploy.yml always starts at the images stage. Every run
-here gives that key: after test_serving's rotation the pair is then in step at once, instead
+The module starts from the pair converged with the inventory under the key test_serving rotated
+to (conftest's converge: deploy.yml, a no-op or a repair of what an earlier module left). Every
+run here gives that key: after test_serving's rotation the first run is then a no-op, instead
 of one more restart of the group for the inventory's key; alone, the module's first deploy.yml
 rotates to it. Afterwards the base tag names the inventory's base again, but the pair keeps
-serving the test's base: the next deploy.yml moves it back (a run from the images stage, which
+serving the test's base: the next deploy.yml moves it back (a converge, whose images stage
 points the alias at the inventory's base again, and a restart).
 """
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
 import yaml
-from conftest import ROOT, bring_in_step, load_changed_image, node_image_id, on_node, run_playbook
+from conftest import (
+    CONVERGE,
+    ROOT,
+    converge,
+    load_changed_image,
+    node_image_id,
+    on_node,
+    run_playbook,
+)
 from test_rerun import ran
 from test_serving import ROTATED, Client, complete, vllm_start_seconds
 
@@ -36,7 +44,7 @@ UNDER_KEY = ("-e", f"vllm_serve_api_key={KEY}")
 # The upgrade keeps one build, so the build the ranks left must go within the upgrade's run.
 KEEP_ONE = ("-e", "hybrid_image_keep_builds=1", *UNDER_KEY)
 # Where the ray stage keeps the serving image's NCCL answer, by image ID (spark_cache_dir/nccl).
-NCCL_KEPT = "/var/lib/dgx-spark/cache/nccl"
+NCCL_STAMP = "/var/lib/dgx-spark/stamps/nccl-answer.json"
 
 
 def short(image_id: str) -> str:
@@ -73,12 +81,12 @@ def label(node, container: str, name: str) -> str:
 
 @pytest.fixture(scope="module")
 def upgrade(sim, nodes):
-    """The pair in step with the inventory under the rotated key (deploy.yml's in-step check
-    repaired whatever an earlier module left, such as test_monitoring's record), and the
+    """The pair converged with the inventory under the rotated key (deploy.yml repaired whatever
+    an earlier module left, such as test_monitoring's containers), and the
     inventory's base tagged again afterwards; the test's bases go once nothing runs them. While
     the test's bases hold the tag, the inventory's keeps a name of its own, as an owner keeps
     the image they built."""
-    bring_in_step("test_upgrade", nodes, *UNDER_KEY, key=KEY)
+    converge("test_upgrade", nodes, *UNDER_KEY, key=KEY)
     base = {n.name: node_image_id(n, BASE) for n in nodes}
     for node in nodes:
         on_node(node, "docker", "tag", base[node.name], HELD)
@@ -108,13 +116,12 @@ def test_an_image_rebuild_reaches_every_rank(upgrade, nodes):
     assert all(alias[n] != alias_before[n] for n in alias), (alias, alias_before)
     assert all(node_image_id(n, alias_before[n.name]) for n in nodes), alias_before
 
-    # 2. What the rerun and the status see: ranks on the old image. The images stage recorded
-    # the new base at its end, so the base is no difference any more: the run starts at ray
-    # (the alias is the new base itself, which the ranks do not run yet).
-    check = run_playbook("playbooks/in_step.yml", *KEEP_ONE)
-    said = check.in_step_report()
-    assert said.startswith("Running the stages from ray on"), said
-    assert f"{BASE} is" not in said and alias["spark-1"] == new_base, said
+    # 2. What the rerun and the status see: ranks on the old image (the alias is the new base
+    # itself, which the ranks do not run yet).
+    check = run_playbook("playbooks/noop.yml", *KEEP_ONE)
+    said = check.noop_report()
+    assert said.startswith(CONVERGE), said
+    assert alias["spark-1"] == new_base, said
     for node in nodes:
         for name in before[node.name]:
             assert (
@@ -139,16 +146,11 @@ def test_an_image_rebuild_reaches_every_rank(upgrade, nodes):
         assert node_image_id(node, HELD) == alias_before[node.name], node.name
     assert "keeps" in run.messages() and "the serving stage" in run.messages()
     assert complete(nodes, KEY)
-    # Where it started: at the ray stage, as only the ranks' image moved since the pair was in
-    # step (host_prep and the images stage had nothing to do: their plays ended at once).
-    said, tasks = run.in_step_report(), ran(run)
-    assert said.startswith("Running the stages from ray on"), said
-    assert not tasks & {
-        "Validate the settings of host_prep against its argument spec",
-        "Gather the network facts the links are checked against",
-        "Validate the settings of hybrid_image against its argument spec",
-    }, sorted(tasks)
-    assert "Validate the settings of ray_cluster against its argument spec" in tasks, sorted(tasks)
+    # A converge: every stage ran, and only the ranks moved (host_prep changed nothing).
+    said, tasks = run.noop_report(), ran(run)
+    assert said.startswith(CONVERGE), said
+    assert "Gather the network facts the links are checked against" in tasks, sorted(tasks)
+    assert not [t for t in run.changed_tasks() if "host_prep" in t], run.changed_tasks()
     start = vllm_start_seconds(run)
     gap = client.longest_gap()
     again = run_playbook("deploy.yml", *KEEP_ONE)
@@ -218,7 +220,7 @@ def test_a_deploy_that_builds_another_image_judges_nccl_on_it(upgrade, nodes):
     The ranks keep their image until a serve stage moves them (the module's docstring)."""
     for node in nodes:
         on_node(node, "docker", "tag", upgrade[node.name], BASE)
-        on_node(node, "sh", "-c", f"rm -f {NCCL_KEPT}/*")
+        on_node(node, "rm", "-f", NCCL_STAMP)
     serving = {n.name: node_image_id(n, ALIAS) for n in nodes}
     run = run_playbook("deploy.yml", "--tags", "images,ray", *UNDER_KEY)
     assert run.rc == 0, run.failures() or run.raw[-3000:]
@@ -226,7 +228,8 @@ def test_a_deploy_that_builds_another_image_judges_nccl_on_it(upgrade, nodes):
         alias = node_image_id(node, ALIAS)
         assert alias and alias != serving[node.name], (node.name, alias)
         assert {c["image"] for c in containers(node).values()} == {serving[node.name]}, node.name
-        kept = on_node(node, "cat", f"{NCCL_KEPT}/{alias.removeprefix('sha256:')}", check=False)
-        assert kept.returncode == 0 and kept.stdout.strip(), (node.name, kept.stderr)
-        assert on_node(node, "ls", NCCL_KEPT).stdout.split() == [alias.removeprefix("sha256:")]
+        kept = on_node(node, "cat", NCCL_STAMP, check=False)
+        assert kept.returncode == 0, (node.name, kept.stderr)
+        stamp = json.loads(kept.stdout)
+        assert stamp["inputs"]["image_id"] == alias and stamp["result"], (node.name, stamp)
     assert complete(nodes, KEY)
