@@ -181,10 +181,12 @@ def age(passed_at: str, now: datetime) -> str:
 
 
 def summary(result) -> str:
-    """A result as one short line: a mapping's leaves as ``key=value``, else the value."""
+    """A result as one short line: a mapping's leaves as ``key=value``, else the value; cut at
+    160 characters (a result may be a whole document, such as a registry probe's)."""
     if isinstance(result, dict):
         flat = _flat(result)
-        return ", ".join(f"{k}={shorten(v, 24)}" for k, v in flat.items()) or "(nothing)"
+        line = ", ".join(f"{k}={shorten(v, 24)}" for k, v in flat.items())
+        return shorten(line, 4 * WIDTH) if line else "(nothing)"
     return shorten(result, 80) if result not in (None, "") else "(nothing)"
 
 

@@ -32,9 +32,9 @@ attributes:
     support: full
     description:
       - Nothing is changed on the node, so the module runs the same in check mode.
-      - In check mode documents kept in O(cache_dir) are read, and none is written.
-      - Keeping a document in O(cache_dir) is bookkeeping, not a change of the node; the module
-        always reports C(changed=false).
+      - In check mode stamps in O(stamp_dir) are read, and none is written.
+      - A stamp is bookkeeping, not a change of the node; the module always reports
+        C(changed=false).
   diff_mode:
     support: none
     description: The module changes nothing, so there is no diff.
@@ -99,7 +99,7 @@ options:
       - Devices the probe's container requests, as C(community.docker.docker_container)'s
         option of the same name takes them (on a Spark the GPU, C(spark_container_device_requests)),
         so an import that needs the device meets it as the ranks will.
-      - Part of what a kept document is known by (O(cache_dir)).
+      - One of the stamp's inputs (O(stamp_dir)).
     type: list
     elements: dict
     default: []
@@ -121,19 +121,20 @@ options:
       options:
         description: Options for the driver.
         type: dict
-  cache_dir:
+  stamp_dir:
     description:
-      - A directory on the node where the module keeps what the probe read in each image, one
-        JSON file per image and request, made with mode 0700 (files 0600) when missing.
-      - A kept document is read instead of running a container when all of these are the
-        same - the image's ID (as the node resolves each image read), the probe's own code
-        and its request (O(mode), O(modules), O(report), and in O(mode=import)
-        O(architectures)) and O(python). What an image holds does not change under its ID.
+      - The node's stamp directory (C(spark_stamp_dir)). What the probe read is stamped there
+        (the stamp C(registry-<12 hex digits of the image ID>-<mode>-<8 of the request>), its
+        result the probe's document), and a call whose stamp has the same inputs reads it
+        instead of running a container. The inputs are the image's ID (as the node resolves
+        each image read; what an image holds does not change under its ID), the probe's code,
+        what it is asked (O(mode), O(modules), O(report), and in O(mode=import)
+        O(architectures)), O(python) and O(device_requests).
       - O(comm_env_file) is read anew on every call, so RV(refusals) follows the node's
         current communication environment.
-      - The 32 documents used most recently are kept. One that cannot be read, or in which
-        the reader finds no vLLM, is ignored and read from the image again.
-      - Without it every call runs the probe.
+      - A stamp in which the reader finds no vLLM is read from the image again. When a stamp is
+        written, the registry stamps of images the node no longer has are removed.
+      - Without it every call runs the probe and nothing is stamped.
     type: path
 notes:
   - The probe container runs as the image's user, without GPUs and without a network;
@@ -197,6 +198,16 @@ image_id:
   returned: always
   type: str
   sample: sha256:2b3952137c36d4a2f0f1e0a3e5a5b7a9f0a1d2c3b4a5968778695a4b3c2d1e0f
+from_stamp:
+  description: The answer is the stamp's in O(stamp_dir); no container ran.
+  returned: always
+  type: bool
+  sample: true
+reason:
+  description: In the stamp's words, why the probe was skipped or why it ran.
+  returned: always
+  type: str
+  sample: "runs: no stamp"
 mode:
   description: The mode the image was read in.
   returned: always
@@ -353,13 +364,14 @@ comparison:
   type: dict
   contains:
     compare_to:
-      description: O(compare_to) with its ID, versions and vLLM path.
+      description: O(compare_to) with its ID, versions, vLLM path and the RV(reason) of its read.
       type: dict
       sample:
         image: vllm-node:0.14.1-ray2.60.0
         image_id: sha256:0f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f0
         versions: {vllm: 0.14.1, transformers: null, torch: null, ray: 2.60.0, python: 3.11.2}
         vllm_path: /opt/ray/lib/python3.11/site-packages/vllm
+        reason: "runs: no stamp"
     architectures:
       description:
         - C(only_in_image) and C(only_in_compare_to) map architectures to their entries
@@ -387,17 +399,15 @@ comparison:
 """
 
 # Ansible's layout puts the documentation before the imports, hence the noqa: E402.
+import json  # noqa: E402
 import socket  # noqa: E402
 import traceback  # noqa: E402
+from datetime import UTC, datetime  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule, env_fallback, missing_required_lib  # noqa: E402
-from ansible_collections.dgx_spark.cluster.plugins.module_utils.args_check_cache import (  # noqa: E402
-    cache_key,
-    probe_digest,
-    prune,
-    read_entry,
-    touch_entry,
-    write_entry,
+from ansible_collections.dgx_spark.cluster.plugins.module_utils import stamp as st  # noqa: E402
+from ansible_collections.dgx_spark.cluster.plugins.module_utils.deployment_record import (  # noqa: E402
+    digest,
 )
 from ansible_collections.dgx_spark.cluster.plugins.module_utils.image_report import (  # noqa: E402
     build_report,
@@ -413,6 +423,7 @@ from ansible_collections.dgx_spark.cluster.plugins.module_utils.image_run import
     run_in_image,
 )
 from ansible_collections.dgx_spark.cluster.plugins.module_utils.vllm_image_probe import (  # noqa: E402
+    PROBE_SOURCE,
     NoVllmError,
     ProbeError,
     build_info,
@@ -447,45 +458,72 @@ def inspect_image(client, node: str, image: str, params: dict, request: str) -> 
     return run_in_image(client, node, image, params["python"], probe, missing)
 
 
-def kept_key(client, image: str, params: dict, request: str) -> str | None:
-    """The key of the document kept for this image and request in O(cache_dir): the image's
-    ID, the python option and the probe with its request (None: the image is not there)."""
-    probe = probe_digest(probe_entrypoint("python"), request)
-    # An answer read with the GPU is another than one read without it (an import may need it).
-    devices = {"device_requests": params.get("device_requests") or []}
-    return cache_key(
-        image_id_of(client, image), [], devices, False, [], params["python"], probe, {}
-    )
+def stamp_inputs(image_id: str, params: dict, request: str) -> dict:
+    """What the probe's answer depends on: the image's ID, the probe's code, what it is asked
+    (a static read imports no architecture, so those asked about are judged from its answer)
+    and how it runs."""
+    asked = json.loads(request)
+    return {
+        "image_id": image_id,
+        "probe": digest(PROBE_SOURCE, 16),
+        "mode": "import" if "import" in asked else "static",
+        "imports": asked.get("import", []),
+        "modules": asked.get("modules", []),
+        "report": asked.get("report", False),
+        "python": params["python"],
+        # An answer read with the GPU is another than one read without it (an import may need it).
+        "device_requests": params.get("device_requests") or [],
+    }
+
+
+def stamp_name(inputs: dict) -> str:
+    """One stamp per image and request, so that an image's reads do not replace each other; the
+    probe's code is not in the name, so a new probe shows as the input that changed."""
+    asked = {k: v for k, v in inputs.items() if k not in ("image_id", "probe", "mode")}
+    image = inputs["image_id"].removeprefix("sha256:")[:12]
+    return f"registry-{image}-{inputs['mode']}-{digest(asked, 8)}"
+
+
+def forget_gone_images(client, directory: str) -> None:
+    """Remove the registry stamps of images the node no longer has: a pruned build's ID never
+    comes back, and its stamps would only lengthen the status report."""
+    for name, kept in st.load_all(directory).items():
+        image_id = (kept or {}).get("inputs", {}).get("image_id")
+        if name.startswith("registry-") and image_id and not image_id_of(client, image_id):
+            st.remove(directory, name)
 
 
 def read_image(
     client, node: str, image: str, params: dict, request: str, check_mode: bool = False, warn=None
-) -> tuple[str, dict, dict]:
-    """(image ID, probe document, image facts), with errors named for the user. With
-    cache_dir, the document kept for this image and request is read instead of running the
-    probe, and a new one in which the reader finds vLLM is kept (not in check mode)."""
-    cache_dir = params.get("cache_dir")
-    key = kept_key(client, image, params, request) if cache_dir else None
-    entry = read_entry(cache_dir, key, document_keys=()) if key else None
-    if entry is not None:
+) -> tuple[str, dict, dict, str]:
+    """(image ID, probe document, image facts, reason), with errors named for the user. With
+    stamp_dir, the stamp of this image and request answers when its inputs are these, and a
+    new answer in which the reader finds vLLM is stamped (not in check mode)."""
+    directory = params.get("stamp_dir")
+    image_id = image_id_of(client, image) if directory else None
+    if not image_id:  # no stamp_dir, or no such image (the probe's run says so)
+        image_id, doc = inspect_image(client, node, image, params, request)
+        return image_id, doc, read_info(image, node, doc), "runs: no stamp_dir"
+    inputs = stamp_inputs(image_id, params, request)
+    name = stamp_name(inputs)
+    checked = st.check(name, st.load(directory, name), inputs, datetime.now(UTC))
+    if checked["valid"]:
+        doc = checked["stamp"]["result"]
         try:
-            info = build_info(entry["document"])
-        except (NoVllmError, ProbeError):
-            entry = None  # not one this reader takes: asked again below
-        else:
-            if not check_mode:
-                touch_entry(cache_dir, key)
-            return entry["image_id"], entry["document"], info
+            return image_id, doc, build_info(doc), checked["reason"]
+        except (NoVllmError, ProbeError, AttributeError):
+            checked["reason"] = f"runs: {name} holds no probe document this reader takes"
     image_id, doc = inspect_image(client, node, image, params, request)
     info = read_info(image, node, doc)
-    if key and not check_mode:
+    if not check_mode:
+        inputs = stamp_inputs(image_id, params, request)  # the ID the probe ran, were it moved
         try:
-            write_entry(cache_dir, key, image_id, doc)
-            prune(cache_dir)
+            st.write(directory, st.make(stamp_name(inputs), inputs, doc, datetime.now(UTC)))
+            forget_gone_images(client, directory)
         except OSError as exc:
             if warn:
-                warn(f"cannot keep what {image} holds in {cache_dir}: {exc}")
-    return image_id, doc, info
+                warn(f"cannot stamp what {image} holds in {directory}: {exc}")
+    return image_id, doc, info, checked["reason"]
 
 
 def read_info(image: str, node: str, doc: dict) -> dict:
@@ -564,7 +602,7 @@ def read_env_file(params: dict) -> dict | None:
 def compare_with(client, node: str, params: dict, info: dict, check_mode: bool, warn) -> dict:
     """What the image holds against the registry of ``compare_to``, read statically."""
     other = params["compare_to"]
-    other_id, _doc, other_info = read_image(
+    other_id, _doc, other_info, reason = read_image(
         client, node, other, params, probe_request("static", []), check_mode, warn
     )
     comparison = compare(info, other_info)
@@ -573,6 +611,7 @@ def compare_with(client, node: str, params: dict, info: dict, check_mode: bool, 
         "image_id": other_id,
         "versions": other_info["versions"],
         "vllm_path": other_info["vllm_path"],
+        "reason": reason,
     }
     return comparison
 
@@ -584,10 +623,11 @@ def run_module(module: AnsibleModule, node: str) -> dict:
         request = probe_request(
             params["mode"], params["architectures"], params["modules"], params["report"]
         )
-        image_id, doc, info = read_image(
+        image_id, doc, info, reason = read_image(
             client, node, params["image"], params, request, module.check_mode, module.warn
         )
         result = image_result(params, node, image_id, doc, info)
+        result.update(from_stamp=reason.startswith("skipped: "), reason=reason)
         comparison = None
         if params["compare_to"]:
             comparison = compare_with(client, node, params, info, module.check_mode, module.warn)
@@ -631,7 +671,7 @@ def main() -> None:
             "report": {"type": "bool", "default": False},
             "comm_env_file": {"type": "path"},
             "timeout": {"type": "int", "default": 300},
-            "cache_dir": {"type": "path"},
+            "stamp_dir": {"type": "path"},
             "device_requests": {
                 "type": "list",
                 "elements": "dict",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 
 import pytest
 from ansible_collections.dgx_spark.cluster.plugins.module_utils import deployment_record as dr
@@ -241,3 +242,89 @@ def test_tree_fingerprint_walks_into_directory_links_only_when_asked(tmp_path):
     mtime = (outside / "w.safetensors").stat().st_mtime_ns
     # The outside directory once, by its first name; the loop not again.
     assert walked["entries"] == [["shards/w.safetensors", 3, mtime, None]]
+
+
+def test_fingerprint_lists_every_file_with_size_and_time(tmp_path):
+    (tmp_path / "sub" / "deeper").mkdir(parents=True)
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / ".hidden").write_text("x")
+    (tmp_path / "sub" / "deeper" / "w.bin").write_bytes(b"12345")
+    os.utime(tmp_path / "config.json", ns=(1, 1_000_000_007))
+    got = dr.tree_fingerprint(str(tmp_path))
+    assert got["exists"] and got["complete"]
+    by_path = {e[0]: e for e in got["entries"]}
+    assert sorted(by_path) == [".hidden", "config.json", os.path.join("sub", "deeper", "w.bin")]
+    assert by_path["config.json"] == ["config.json", 2, 1_000_000_007, None]
+    assert by_path[os.path.join("sub", "deeper", "w.bin")][1] == 5
+    # Directories are walked, not listed; the order is the paths'.
+    assert [e[0] for e in got["entries"]] == sorted(by_path)
+
+
+def test_fingerprint_sees_a_file_rewritten_in_place(tmp_path):
+    (tmp_path / "config.json").write_text('{"a": 1}')
+    os.utime(tmp_path / "config.json", ns=(1, 10))
+    before = dr.tree_fingerprint(str(tmp_path))
+    (tmp_path / "config.json").write_text('{"a": 2}')
+    os.utime(tmp_path / "config.json", ns=(1, 20))
+    after = dr.tree_fingerprint(str(tmp_path))
+    assert before != after
+
+
+def test_fingerprint_stats_linked_files_but_does_not_walk_linked_directories(tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.bin").write_bytes(b"x" * 10)
+    blob = tmp_path / "blob"
+    blob.write_bytes(b"y" * 42)
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "weights.safetensors").symlink_to(blob)
+    (tree / "elsewhere").symlink_to(outside, target_is_directory=True)
+    (tree / "dangling").symlink_to(tmp_path / "nothing")
+    got = dr.tree_fingerprint(str(tree))
+    by_path = {e[0]: e for e in got["entries"]}
+    assert by_path["weights.safetensors"][1:] == [42, blob.stat().st_mtime_ns, str(blob)]
+    assert by_path["dangling"][1:] == [-1, -1, str(tmp_path / "nothing")]
+    # The linked directory is one entry, its target's; nothing below it is listed.
+    assert by_path["elsewhere"][3] == str(outside)
+    assert not any("secret" in path for path in by_path)
+
+
+def test_fingerprint_of_a_missing_path(tmp_path):
+    got = dr.tree_fingerprint(str(tmp_path / "none"))
+    assert got == {"exists": False, "complete": True, "entries": []}
+
+
+def test_fingerprint_of_a_file(tmp_path):
+    path = tmp_path / "template.jinja"
+    path.write_text("{{ x }}")
+    got = dr.tree_fingerprint(str(path))
+    assert got["entries"] == [[".", 7, path.stat().st_mtime_ns, None]]
+
+
+def test_fingerprint_of_a_large_tree_is_incomplete(tmp_path):
+    for index in range(6):
+        (tmp_path / f"f{index}").write_text("x")
+    assert dr.tree_fingerprint(str(tmp_path), limit=6)["complete"] is True
+    too_many = dr.tree_fingerprint(str(tmp_path), limit=5)
+    assert too_many["complete"] is False
+
+
+def test_directories_count_towards_the_limit(tmp_path):
+    for index in range(3):
+        (tmp_path / f"d{index}").mkdir()
+    (tmp_path / "d0" / "f").write_text("x")
+    assert dr.tree_fingerprint(str(tmp_path), limit=4)["complete"] is True
+    assert dr.tree_fingerprint(str(tmp_path), limit=3)["complete"] is False
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads any directory")
+def test_fingerprint_of_an_unreadable_directory_is_incomplete(tmp_path):
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    (locked / "f").write_text("x")
+    locked.chmod(0)
+    try:
+        assert dr.tree_fingerprint(str(tmp_path))["complete"] is False
+    finally:
+        locked.chmod(stat.S_IRWXU)

@@ -165,6 +165,13 @@ def test_status_lines():
     ]
 
 
+def test_a_whole_document_as_result_is_summed_up_in_one_short_line():
+    document = {"text": "x" * 5000, "versions": {f"package{i}": f"{i}.0" for i in range(40)}}
+    line = st.summary(document)
+    assert len(line) == 160 and line.endswith("…")
+    assert line.startswith("text=xxxxxxxxxxxxxxxxxxxxxxx…, versions.package0=0.0, ")
+
+
 def test_write_load_remove(tmp_path):
     directory = str(tmp_path / "stamps")
     stamp = stamped()
@@ -172,6 +179,7 @@ def test_write_load_remove(tmp_path):
     assert path == os.path.join(directory, "link-check.json")
     assert oct(os.stat(path).st_mode & 0o777) == "0o600"
     assert oct(os.stat(directory).st_mode & 0o777) == "0o700"
+    assert os.listdir(directory) == ["link-check.json"]  # no temporary file left
     (tmp_path / "stamps" / "broken.json").write_text("{")
     (tmp_path / "stamps" / "notes.txt").write_text("x")
     assert st.load(directory, "link-check") == stamp
@@ -181,3 +189,9 @@ def test_write_load_remove(tmp_path):
     assert st.remove(directory, "link-check") is True
     assert st.remove(directory, "link-check") is False
     assert st.load_all(str(tmp_path / "none")) == {}
+
+
+def test_an_existing_directory_keeps_its_mode(tmp_path):
+    tmp_path.chmod(0o755)
+    st.write(str(tmp_path), stamped())
+    assert oct(tmp_path.stat().st_mode & 0o777) == "0o755"

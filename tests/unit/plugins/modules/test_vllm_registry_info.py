@@ -7,6 +7,7 @@ the real exception classes of the docker SDK with the messages the daemon really
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -118,9 +119,10 @@ class FakeClient:
 
         class Images:
             def get(self, name):
-                if name not in client.known:
+                by_id = {i.id: i for i in client.known.values()}
+                if name not in client.known and name not in by_id:
                     raise ImageNotFound(f'404 Client Error: Not Found ("No such image: {name}")')
-                return client.known[name]
+                return client.known.get(name) or by_id[name]
 
         class Containers:
             def create(self, image_id, **kwargs):
@@ -420,7 +422,7 @@ def test_report_and_its_refusal_on_the_roce_path(client, capsys, tmp_path):
     assert "report" not in plain and "refusals" not in plain
 
 
-# --------------------------------------------------------------------------- cache_dir
+# --------------------------------------------------------------------------- stamp_dir
 
 
 def _started(client) -> int:
@@ -428,19 +430,42 @@ def _started(client) -> int:
     return sum(1 for c in client.created if c.proc is not None)
 
 
-def test_a_kept_document_answers_the_same_request_without_a_container(client, capsys, tmp_path):
-    cache = tmp_path / "kept"
-    args = {"image": IMAGE, "architectures": ["Qwen3MoeForCausalLM"], "cache_dir": str(cache)}
+def _stamps(directory: Path) -> dict:
+    return {p.stem: json.loads(p.read_text()) for p in sorted(directory.glob("*.json"))}
+
+
+def test_a_stamp_answers_the_same_request_without_a_container(client, capsys, tmp_path):
+    stamps = tmp_path / "stamps"
+    args = {"image": IMAGE, "architectures": ["Qwen3MoeForCausalLM"], "stamp_dir": str(stamps)}
     code, first = run(args, capsys)
     assert code == 0, first
+    assert (first["from_stamp"], first["reason"]) == (False, "runs: no stamp")
     assert _started(client) == 1
-    [entry] = list(cache.iterdir())
-    assert entry.stat().st_mode & 0o777 == 0o600
-    assert cache.stat().st_mode & 0o777 == 0o700
+    [(name, stamp)] = _stamps(stamps).items()
+    image_id = client.images.get(IMAGE).id
+    assert name.startswith(f"registry-{image_id[7:19]}-static-")
+    assert stamp["inputs"] == {
+        "image_id": image_id,
+        "probe": stamp["inputs"]["probe"],
+        "mode": "static",
+        "imports": [],
+        "modules": [],
+        "report": False,
+        "python": None,
+        "device_requests": [],
+    }
+    assert stamp["result"]["vllm_path"] == first["vllm_path"]
+    assert (stamps / f"{name}.json").stat().st_mode & 0o777 == 0o600
+    assert stamps.stat().st_mode & 0o777 == 0o700
     code, second = run(args, capsys)
     assert code == 0, second
     assert _started(client) == 1
-    assert second == first
+    assert second["from_stamp"] is True
+    assert second["reason"].startswith(f"skipped: {name} passed {stamp['passed_at']} (just now)")
+    strip = ("from_stamp", "reason")
+    assert {k: v for k, v in second.items() if k not in strip} == {
+        k: v for k, v in first.items() if k not in strip
+    }
 
 
 @pytest.mark.parametrize(
@@ -451,88 +476,119 @@ def test_a_kept_document_answers_the_same_request_without_a_container(client, ca
         ({}, {"modules": ["ray"]}),
         ({}, {"report": True}),
         ({}, {"python": "python3"}),
+        ({}, {"device_requests": [{"driver": "nvidia", "count": -1}]}),
     ],
-    ids=["import-architectures", "mode", "modules", "report", "python"],
+    ids=["import-architectures", "mode", "modules", "report", "python", "device_requests"],
 )
-def test_another_request_runs_the_probe_again(client, capsys, tmp_path, base, change):
+def test_another_request_runs_the_probe_again_and_keeps_both(
+    client, capsys, tmp_path, base, change
+):
     args = {
         "image": IMAGE,
         "architectures": ["Qwen3MoeForCausalLM"],
-        "cache_dir": str(tmp_path / "kept"),
+        "stamp_dir": str(tmp_path / "stamps"),
         **base,
     }
     assert run(args, capsys)[0] == 0
-    assert _started(client) == 1
     code, out = run({**args, **change}, capsys)
     assert code == 0, out
+    assert (out["from_stamp"], out["reason"]) == (False, "runs: no stamp")
     assert _started(client) == 2
+    assert len(_stamps(tmp_path / "stamps")) == 2
+    assert run(args, capsys)[1]["from_stamp"] is True
 
 
-def test_static_reads_answer_other_architectures_from_the_same_document(client, capsys, tmp_path):
+def test_static_reads_answer_other_architectures_from_the_same_stamp(client, capsys, tmp_path):
     """A static read's document is the registry's text: which architectures are asked about is
     judged from it, so the question does not take another container."""
     args = {
         "image": IMAGE,
         "architectures": ["Qwen3MoeForCausalLM"],
-        "cache_dir": str(tmp_path / "kept"),
+        "stamp_dir": str(tmp_path / "stamps"),
     }
     assert run(args, capsys)[0] == 0
     code, out = run({**args, "architectures": ["Nope"]}, capsys)
     assert code == 0, out
-    assert _started(client) == 1
+    assert _started(client) == 1 and out["from_stamp"] is True
     assert out["checked"]["Nope"]["status"] == "missing"
 
 
-def test_another_image_under_the_same_name_runs_the_probe_again(client, images, capsys, tmp_path):
-    args = {"image": IMAGE, "cache_dir": str(tmp_path / "kept")}
+def test_a_new_probe_runs_again_and_says_so(client, capsys, tmp_path):
+    args = {"image": IMAGE, "stamp_dir": str(tmp_path / "stamps")}
     assert run(args, capsys)[0] == 0
-    client.known[IMAGE] = FakeImage(
-        "rebuilt", images[IMAGE].site, images[IMAGE].attrs["Config"]["Env"]
-    )
+    [(name, stamp)] = _stamps(tmp_path / "stamps").items()
+    stamp["inputs"]["probe"] = "0" * 16
+    (tmp_path / "stamps" / f"{name}.json").write_text(json.dumps(stamp))
     code, out = run(args, capsys)
     assert code == 0, out
     assert _started(client) == 2
+    assert out["reason"].startswith(f"runs: probe changed from {'0' * 16} to ")
+
+
+def test_a_rebuilt_image_runs_again_and_the_gone_ones_stamps_go(client, images, capsys, tmp_path):
+    args = {"image": IMAGE, "stamp_dir": str(tmp_path / "stamps")}
+    assert run(args, capsys)[0] == 0
+    assert run({**args, "image": OTHER}, capsys)[0] == 0
+    client.known[IMAGE] = FakeImage(
+        "rebuilt", images[IMAGE].site, images[IMAGE].attrs["Config"]["Env"]
+    )
+    (tmp_path / "stamps" / "link-check.json").write_text("{}")
+    code, out = run(args, capsys)
+    assert code == 0, out
+    assert _started(client) == 3 and out["reason"] == "runs: no stamp"
     assert out["image_id"] == client.known[IMAGE].id
-    assert len(list((tmp_path / "kept").iterdir())) == 2
+    kept = {s["inputs"]["image_id"] for s in _stamps(tmp_path / "stamps").values() if s}
+    assert kept == {client.known[IMAGE].id, client.known[OTHER].id}
+    assert (tmp_path / "stamps" / "link-check.json").exists()
 
 
-def test_compare_to_keeps_both_images(client, capsys, tmp_path):
-    args = {"image": IMAGE, "compare_to": OTHER, "cache_dir": str(tmp_path / "kept")}
+def test_compare_to_stamps_both_images(client, capsys, tmp_path):
+    args = {"image": IMAGE, "compare_to": OTHER, "stamp_dir": str(tmp_path / "stamps")}
     code, first = run(args, capsys)
     assert code == 0, first
     assert _started(client) == 2
     code, second = run(args, capsys)
     assert code == 0, second
     assert _started(client) == 2
-    assert second["comparison"] == first["comparison"]
+    assert second["comparison"]["compare_to"]["reason"].startswith("skipped: registry-")
+    assert second["comparison"]["architectures"] == first["comparison"]["architectures"]
 
 
-def test_check_mode_reads_kept_documents_and_keeps_none(client, capsys, tmp_path):
-    args = {"image": IMAGE, "cache_dir": str(tmp_path / "kept")}
+def test_check_mode_reads_stamps_and_writes_none(client, capsys, tmp_path):
+    args = {"image": IMAGE, "stamp_dir": str(tmp_path / "stamps")}
     assert run(args, capsys, check_mode=True)[0] == 0
-    assert not (tmp_path / "kept").exists()
+    assert not (tmp_path / "stamps").exists()
     assert run(args, capsys)[0] == 0
     assert _started(client) == 2
     code, out = run(args, capsys, check_mode=True)
     assert code == 0, out
-    assert _started(client) == 2
+    assert _started(client) == 2 and out["from_stamp"] is True
 
 
-def test_a_kept_document_without_vllm_is_read_from_the_image_again(client, capsys, tmp_path):
-    args = {"image": IMAGE, "cache_dir": str(tmp_path / "kept")}
+def test_a_stamp_without_vllm_is_read_from_the_image_again(client, capsys, tmp_path):
+    args = {"image": IMAGE, "stamp_dir": str(tmp_path / "stamps")}
     assert run(args, capsys)[0] == 0
-    [entry] = list((tmp_path / "kept").iterdir())
+    [entry] = list((tmp_path / "stamps").iterdir())
     text = entry.read_text()
     assert '"vllm_path"' in text
     entry.write_text(text.replace('"vllm_path"', '"vllm_path_gone"'))
     code, out = run(args, capsys)
     assert code == 0, out
     assert _started(client) == 2
+    assert out["reason"] == f"runs: {entry.stem} holds no probe document this reader takes"
     assert '"vllm_path_gone"' not in entry.read_text()
 
 
-def test_an_image_without_vllm_is_never_kept(client, capsys, tmp_path):
-    code, out = run({"image": "debian:bookworm", "cache_dir": str(tmp_path / "kept")}, capsys)
+def test_an_image_without_vllm_is_never_stamped(client, capsys, tmp_path):
+    code, out = run({"image": "debian:bookworm", "stamp_dir": str(tmp_path / "stamps")}, capsys)
     assert code == 1
     assert "finds no 'vllm' package" in out["msg"]
-    assert not (tmp_path / "kept").exists()
+    assert not (tmp_path / "stamps").exists()
+
+
+def test_without_stamp_dir_every_call_runs(client, capsys):
+    for _ in range(2):
+        code, out = run({"image": IMAGE}, capsys)
+        assert code == 0, out
+        assert (out["from_stamp"], out["reason"]) == (False, "runs: no stamp_dir")
+    assert _started(client) == 2
