@@ -14,6 +14,7 @@ import re
 from conftest import on_node, run_playbook
 
 REPORT_DIR = "/var/lib/dgx-spark/images"
+STAMP_DIR = "/var/lib/dgx-spark/stamps"
 ROCE_ENV = "/tmp/dgxsim-test-roce-comm.env"
 
 
@@ -43,6 +44,11 @@ def test_the_images_stage_reports_what_the_serving_image_holds(pair_with_images,
         path = f"{REPORT_DIR}/{result['image_id'].removeprefix('sha256:')}.json"
         kept = json.loads(on_node(node, "cat", path).stdout)
         assert kept == report
+        # What the probe read is stamped by image ID and request; the read says whence it came.
+        assert result["reason"].startswith(("skipped: registry-", "runs: ")), result["reason"]
+        stamps = on_node(node, "ls", STAMP_DIR).stdout.split()
+        name = f"registry-{result['image_id'].removeprefix('sha256:')[:12]}-static-"
+        assert [s for s in stamps if s.startswith(name)], stamps
     print(
         "\nimage report: "
         + "\n  ".join(f"{h}: {r['report']['summary']}" for h, r in reports.items())
