@@ -18,7 +18,8 @@ description:
     RV(reasons), one line each, a changed setting with its old and new value; so is a running
     rank container on another image than O(serving_image). RV(noop) is true when there is
     none.
-  - With O(state=present), the last play of a converge writes the record anew.
+  - With O(state=present), the last play of a converge writes the record anew, unless it
+    would say the same but for its time (then nothing changes).
   - The comparison is C(plugins/module_utils/deployment_record.py); the converge role runs
     this module (C(roles/converge)).
   - The write is atomic (a temporary file, then renamed over the record), mode C(0600); a
@@ -232,11 +233,13 @@ def main() -> None:
     if params["state"] == "compared":
         reasons = compare(record, now)
         module.exit_json(changed=False, noop=not reasons, reasons=reasons, recorded_at=at)
+    # A record that says the same but for its time is left as it is: its time says when a
+    # converge first left the node so, and a converge that changed nothing changes nothing.
+    if record is not None and not compare(record, now):
+        module.exit_json(changed=False, noop=False, reasons=[], recorded_at=at)
     now_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    wanted = converge_record(now, now_at)
-    # Written on every converge: its time says when the pair was last proven as it is.
     if not module.check_mode:
-        write_record(params["path"], wanted, dir_mode=DIR_MODE)
+        write_record(params["path"], converge_record(now, now_at), dir_mode=DIR_MODE)
     module.exit_json(changed=True, noop=False, reasons=[], recorded_at=now_at)
 
 

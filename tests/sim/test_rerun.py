@@ -121,7 +121,9 @@ def test_a_changed_setting_is_named_with_its_old_and_new_value(noop, setting, sa
     check = run_playbook("playbooks/noop.yml", "-e", setting)
     assert check.rc == 0, check.failures() or check.raw[-3000:]
     report = check.noop_report()
-    assert report.splitlines() == [CONVERGE, f"spark-1: {said}", f"spark-2: {said}"], report
+    assert report.startswith(CONVERGE), report
+    assert f"spark-1: {said}" in report.splitlines(), report
+    assert f"spark-2: {said}" in report.splitlines(), report
 
 
 def test_a_tagged_run_compares_nothing_and_records_nothing(noop, hosts):
@@ -133,7 +135,9 @@ def test_a_tagged_run_compares_nothing_and_records_nothing(noop, hosts):
     assert check.rc == 0, check.failures() or check.raw[-3000:]
     assert "this run names --tags or --skip-tags" in check.noop_report(), check.noop_report()
     assert "Describe and check the head's copy" in ran(check), sorted(ran(check))
-    assert "Gather the network facts the links are checked against" not in ran(check)
+    # Preflight checked every role's settings; the other stages' plays ended at once.
+    assert "Validate the settings of host_prep against its argument spec" in ran(check)
+    assert "Write the communication environment file" not in ran(check), sorted(ran(check))
     assert {name: host.check_output(record) for name, host in hosts.items()} == before
     assert run_playbook("playbooks/noop.yml").noop_report().startswith(NOOP)
 

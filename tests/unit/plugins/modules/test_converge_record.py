@@ -83,6 +83,9 @@ def test_compare_then_record_then_compare_round_trip(tmp_path, capsys, monkeypat
     assert written["at"] == result["recorded_at"]
     rc, result = run_module(converge_record, args, capsys)
     assert result["noop"] and result["reasons"] == [] and result["recorded_at"] == written["at"]
+    # A converge that changed nothing leaves the record, and its time, as they are.
+    rc, result = run_module(converge_record, {**args, "state": "present"}, capsys)
+    assert not result["changed"] and result["recorded_at"] == written["at"]
     FakeDocker.containers_now[1] = inspected(
         "dgx-spark-vllm", "c2", running=False, component="vllm"
     )
