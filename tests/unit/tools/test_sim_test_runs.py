@@ -24,7 +24,7 @@ def log(*entries: dict) -> str:
 def test_the_log_gives_the_last_sessions_start_end_and_runs_and_skips_a_torn_line():
     older = run("test_pair.py::test_a", ["deploy.yml"], 50.0, 5.0)
     first = run("test_upgrade.py::test_b", ["deploy.yml"], 110.0, 30.0)
-    second = run("test_upgrade.py::test_b", ["playbooks/in_step.yml"], 150.0, 4.0)
+    second = run("test_upgrade.py::test_b", ["playbooks/noop.yml"], 150.0, 4.0)
     text = (
         log({"session": 0.0}, older, {"ended": 60.0}, {"session": 100.0}, first)
         + '{"test": "test_upgrade.py::test_c", "argv": ["deploy'  # torn by a killed session

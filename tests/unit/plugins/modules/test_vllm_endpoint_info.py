@@ -127,7 +127,7 @@ def test_nothing_listening(capsys):
 
 
 def test_a_probe_asks_once_and_reads_no_metrics(server, capsys):
-    """The one-shot probe of a pair that should serve (in_step.yml, vllm_serve's plan.yml)."""
+    """The one-shot probe of a pair that should serve (the no-op check, vllm_serve's plan.yml)."""
     args = {"url": server, "api_key": KEY, "model": MODEL, "prompt": "The capital of France is",
             "request_timeout": 5, "metrics": False}  # fmt: skip
     code, out = run_module(mod, args, capsys)
