@@ -101,7 +101,7 @@ def test_what_counts_as_a_full_run(run_tags, skip_tags, full):
 
 def test_deploy_yml_decides_once_and_records_last_and_every_stage_play_obeys_the_guard():
     """noop.yml after the controller judged the settings, the record the last play; every stage play
-    and preflight start with the guard, which reads the role's deploy_noop; the record is
+    and preflight start with the guard, which reads the role's converge_noop; the record is
     written only on a full run, not in check mode, from what the run was given at its start."""
     deploy = yaml.safe_load((ROOT / "playbooks/deploy.yml").read_text())
     imports = [entry.get("ansible.builtin.import_playbook") for entry in deploy]
@@ -111,7 +111,7 @@ def test_deploy_yml_decides_once_and_records_last_and_every_stage_play_obeys_the
     assert last["pre_tasks"][0]["ansible.builtin.import_tasks"] == "tasks/noop_guard.yml"
     (guard,) = yaml.safe_load((ROOT / "playbooks/tasks/noop_guard.yml").read_text())
     assert guard["ansible.builtin.meta"] == "end_play"
-    assert "deploy_noop | default(false) | bool" in guard["when"]
+    assert "converge_noop | default(false) | bool" in guard["when"]
     stages = [entry["tags"][0] for entry in deploy if entry.get("ansible.builtin.import_playbook")
               and entry.get("tags")]  # fmt: skip
     assert stages == ["host_prep", "images", "model", "ray", "serve", "monitoring"]
