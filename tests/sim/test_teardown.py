@@ -14,6 +14,7 @@ deploy.yml brings the pair back serving for the modules after this one."""
 from __future__ import annotations
 
 import base64
+import hashlib
 import subprocess
 
 import pytest
@@ -27,7 +28,12 @@ DRILL = pytest.mark.drill
 
 
 MODEL_DIR = "/var/lib/dgx-spark/models/tiny-qwen3-moe"
-RECORD = "/var/lib/dgx-spark/stamps/weights-tiny-qwen3-moe.json"
+MODEL_ROOT = "/var/lib/dgx-spark/models/tiny-qwen3-moe"
+# The weights' stamp of that directory (roles/model_cache/vars/main.yml).
+RECORD = (
+    "/var/lib/dgx-spark/stamps/weights-tiny-qwen3-moe-"
+    f"{hashlib.sha256(MODEL_ROOT.encode()).hexdigest()[:8]}.json"
+)
 COMM_ENV = "/etc/dgx-spark/comm.env"
 SERVING_ALIAS = "dgx-spark/vllm-serving:current"
 CONTAINERS = ("dgx-spark-vllm", "dgx-spark-ray")
