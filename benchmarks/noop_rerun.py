@@ -30,6 +30,8 @@ BIN = Path(sys.executable).parent
 
 def timed(cmd: list[str], json_out: bool = False) -> tuple[float, dict]:
     env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg")}
+    # The sim owner's sudo password is vaulted; its password file is the sim's (as the Makefile).
+    env.setdefault("ANSIBLE_VAULT_PASSWORD_FILE", str(ROOT / "inventories/sim/vault-password"))
     if json_out:
         env["ANSIBLE_STDOUT_CALLBACK"] = "ansible.builtin.json"
     started = time.monotonic()
