@@ -23,7 +23,7 @@ import ast
 import json
 import re
 
-from ansible_collections.dgx_spark.cluster.plugins.module_utils.deployment_record import digest
+from ansible_collections.dgx_spark.cluster.plugins.module_utils.converge_record import digest
 from ansible_collections.dgx_spark.cluster.plugins.module_utils.vllm_registry import (
     MERGED_NAME,
     MODELS_PACKAGE,

@@ -26,7 +26,7 @@ import re
 from concurrent.futures import ThreadPoolExecutor
 
 from ansible_collections.dgx_spark.cluster.plugins.module_utils import stamp
-from ansible_collections.dgx_spark.cluster.plugins.module_utils.deployment_record import (
+from ansible_collections.dgx_spark.cluster.plugins.module_utils.converge_record import (
     file_digest,
     tree_fingerprint,
 )

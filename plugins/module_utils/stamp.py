@@ -24,7 +24,7 @@ import os
 import re
 from datetime import UTC, datetime
 
-from ansible_collections.dgx_spark.cluster.plugins.module_utils.deployment_record import (
+from ansible_collections.dgx_spark.cluster.plugins.module_utils.converge_record import (
     digest,
     write_record,
 )
@@ -86,7 +86,7 @@ def same(old: dict | None, new: dict) -> bool:
 
 
 def tree_input(fingerprint: dict) -> str:
-    """A file tree (deployment_record.tree_fingerprint) as an input: 16 hex digits of its
+    """A file tree (converge_record.tree_fingerprint) as an input: 16 hex digits of its
     digest, or INCOMPLETE where the walk stopped (too many files, an unreadable directory)."""
     if not fingerprint.get("complete"):
         return INCOMPLETE

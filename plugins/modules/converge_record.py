@@ -20,7 +20,7 @@ description:
     none.
   - With O(state=present), the last play of a converge writes the record anew, unless it
     would say the same but for its time (then nothing changes).
-  - The comparison is C(plugins/module_utils/deployment_record.py); the converge role runs
+  - The comparison is C(plugins/module_utils/converge_record.py); the converge role runs
     this module (C(roles/converge)).
   - The write is atomic (a temporary file, then renamed over the record), mode C(0600); a
     missing directory is made, mode C(0755), as it may hold others' files (the record's
@@ -124,7 +124,7 @@ recorded_at:
 import time  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib  # noqa: E402
-from ansible_collections.dgx_spark.cluster.plugins.module_utils.deployment_record import (  # noqa: E402
+from ansible_collections.dgx_spark.cluster.plugins.module_utils.converge_record import (  # noqa: E402
     ITEMS,
     compare,
     converge_record,

@@ -169,7 +169,7 @@ from datetime import UTC, datetime  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 from ansible_collections.dgx_spark.cluster.plugins.module_utils import stamp as st  # noqa: E402
-from ansible_collections.dgx_spark.cluster.plugins.module_utils.deployment_record import (  # noqa: E402
+from ansible_collections.dgx_spark.cluster.plugins.module_utils.converge_record import (  # noqa: E402
     tree_fingerprint,
 )
 

@@ -406,7 +406,7 @@ from datetime import UTC, datetime  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule, env_fallback, missing_required_lib  # noqa: E402
 from ansible_collections.dgx_spark.cluster.plugins.module_utils import stamp as st  # noqa: E402
-from ansible_collections.dgx_spark.cluster.plugins.module_utils.deployment_record import (  # noqa: E402
+from ansible_collections.dgx_spark.cluster.plugins.module_utils.converge_record import (  # noqa: E402
     digest,
 )
 from ansible_collections.dgx_spark.cluster.plugins.module_utils.image_report import (  # noqa: E402

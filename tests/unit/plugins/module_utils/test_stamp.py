@@ -45,7 +45,7 @@ def test_make_keeps_the_inputs_themselves():
         json.dumps({**stamped(), "format": 2}),
         json.dumps({k: v for k, v in stamped().items() if k != "passed_at"}),
         json.dumps({**stamped(), "inputs": ["a"]}),
-        # an older collection's record (deployment_record's shape) reads as none
+        # an older collection's own record of a check reads as none
         json.dumps({"format": 1, "inputs": INPUTS, "digest": "0" * 16, "checked_at": "x"}),
     ],
 )

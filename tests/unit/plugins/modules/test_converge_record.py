@@ -1,5 +1,5 @@
 """converge_record: the module reads Docker, files and tables, and records or compares (the
-comparison itself is tested in test_deployment_record.py)."""
+comparison itself is tested in test_converge_record_lib.py)."""
 
 from __future__ import annotations
 

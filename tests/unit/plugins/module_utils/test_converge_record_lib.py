@@ -1,5 +1,5 @@
-"""deployment_record: the converge record against the node now, and the digests and walker
-every record uses."""
+"""module_utils/converge_record: the converge record against the node now, and the digests
+and walker every record uses."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import os
 import stat
 
 import pytest
-from ansible_collections.dgx_spark.cluster.plugins.module_utils import deployment_record as dr
+from ansible_collections.dgx_spark.cluster.plugins.module_utils import converge_record as dr
 
 ALIAS = "dgx-spark/vllm-serving:current"
 COMM = "/etc/dgx-spark/comm.env"
