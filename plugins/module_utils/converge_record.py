@@ -33,8 +33,6 @@ import re
 import stat
 import tempfile
 
-# The shape of every record (stamps and the converge record); another format is read as none.
-RECORD_FORMAT = 1
 # The converge record's own shape; an older collection's per-stage record is read as none, so
 # the first run after an upgrade converges.
 CONVERGE_FORMAT = 2
@@ -180,41 +178,6 @@ def digest(value, length: int | None = None, plain: bool = False) -> str:
     return hashlib.sha256(text.encode("ascii")).hexdigest()[:length]
 
 
-def stage_record(inputs: dict, **kept) -> dict:
-    """What a stage keeps on a node: ``format``, ``inputs`` (what it was given, resolved),
-    ``digest`` (16 hex digits of the inputs' digest) and what it found or left (``kept``)."""
-    return {"format": RECORD_FORMAT, "inputs": inputs, "digest": digest(inputs, 16), **kept}
-
-
-def valid_record(data, required=()) -> dict | None:
-    """A record as parsed, or None when it is no mapping, of another format, with ``inputs``
-    that are no mapping, or without one of the ``required`` keys."""
-    if not isinstance(data, dict) or data.get("format") != RECORD_FORMAT:
-        return None
-    if not isinstance(data.get("inputs", {}), dict) or any(k not in data for k in required):
-        return None
-    return data
-
-
-def read_stage_record(text: str | None, required=()) -> dict | None:
-    """A record from its JSON text (``valid_record``), or None when absent or unreadable."""
-    try:
-        return valid_record(json.loads(text or ""), required)
-    except ValueError:
-        return None
-
-
-def inputs_changed(record: dict | None, inputs: dict) -> list[str] | None:
-    """None without a record; else the names of the inputs that differ from the record's,
-    sorted (``["inputs"]`` where only the digest tells), empty when it was made with these."""
-    if not record:
-        return None
-    if record.get("digest") == digest(inputs, 16):
-        return []
-    old = record.get("inputs") or {}
-    return sorted(k for k in set(old) | set(inputs) if old.get(k) != inputs.get(k)) or ["inputs"]
-
-
 def write_record(path: str, record: dict, mode: int = 0o600, dir_mode: int = 0o700) -> None:
     """Write a record as JSON, atomically (a temporary file in the same directory, then
     renamed over it), with ``mode``; a missing directory is made with ``dir_mode``."""
@@ -322,10 +285,12 @@ def _container_reasons(recorded: dict, containers: dict) -> list[str]:
     return reasons
 
 
-def _value(value) -> str:
-    """A value as one short line for a reason (a string as it is, anything else as JSON)."""
+def shorten(value, width: int = 40) -> str:
+    """A value as one short line: a string as it is, anything else as JSON; cut to ``width``.
+    The one way a record's reasons and a stamp's (plugins/module_utils/stamp.py) show a value."""
     text = value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
-    return text if len(text) <= 60 else text[:57] + "..."
+    text = " ".join(text.split()) if "\n" not in text else text.replace("\n", "\\n")
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def recorded_inputs(settings: dict, common: dict) -> dict:
@@ -347,12 +312,15 @@ def _input_reasons(before: dict, now: dict) -> list[str]:
             reasons.append(f"{what} changed since the last converge")
     old, new = before.get("settings") or {}, now.get("settings") or {}
     for name in sorted(set(old) | set(new)):
+        if name in old and name in new and old[name] == new[name]:
+            continue
+        was, shown = shorten(old.get(name), 60), shorten(new.get(name), 60)
         if name not in new:
-            reasons.append(f"{name}: no longer set (was {_value(old[name])})")
+            reasons.append(f"{name}: no longer set (was {was})")
         elif name not in old:
-            reasons.append(f"{name}: set to {_value(new[name])} (not set at the last converge)")
-        elif old[name] != new[name]:
-            reasons.append(f"{name}: {_value(old[name])} -> {_value(new[name])}")
+            reasons.append(f"{name}: set to {shown} (not set at the last converge)")
+        else:
+            reasons.append(f"{name}: {was} -> {shown}")
     return reasons
 
 

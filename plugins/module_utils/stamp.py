@@ -26,6 +26,7 @@ from datetime import UTC, datetime
 
 from ansible_collections.dgx_spark.cluster.plugins.module_utils.converge_record import (
     digest,
+    shorten,
     write_record,
 )
 
@@ -91,13 +92,6 @@ def tree_input(fingerprint: dict) -> str:
     if not fingerprint.get("complete"):
         return INCOMPLETE
     return digest([fingerprint.get("exists"), fingerprint.get("entries")], 16)
-
-
-def shorten(value, width: int = WIDTH) -> str:
-    """A value as one short line: a string as it is, anything else as JSON; cut to ``width``."""
-    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
-    text = " ".join(text.split()) if "\n" not in text else text.replace("\n", "\\n")
-    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def _flat(inputs: dict, prefix: str = "") -> dict:

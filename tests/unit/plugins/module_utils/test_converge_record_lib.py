@@ -91,7 +91,7 @@ def test_a_changed_setting_is_named_with_its_old_and_new_value():
     assert line.startswith("vllm_serve_api_key: sha256:") and "other" not in line
     long = {**SETTINGS, "vllm_serve_max_model_len": "x" * 200}
     (line,) = dr.compare(RECORD, node(settings=long))
-    assert line.endswith("...") and len(line) < 150
+    assert line.endswith("…") and len(line) < 150
 
 
 def test_a_changed_collection_or_inventory_is_named():
