@@ -18,10 +18,12 @@ def model_cache_hf_manifest(info, patterns=None):
         raise AnsibleFilterError(f"model_cache_hf_manifest: {exc}") from exc
 
 
-def model_cache_capacity(model_bytes, memory_mb, fraction):
-    """Errors (list of str) when the model exceeds the allowed share of the nodes' memory."""
+def model_cache_capacity(model_bytes, memory_mb, fraction, kv_cache_gib=0):
+    """Errors (list of str) when the model and its KV cache exceed the allowed share of the
+    nodes' memory."""
     memory = {str(node): int(mb) * 1024 * 1024 for node, mb in dict(memory_mb).items()}
-    return mm.check_capacity(int(model_bytes), memory, float(fraction))
+    kv_cache = int(float(kv_cache_gib) * 1024**3)
+    return mm.check_capacity(int(model_bytes), memory, float(fraction), kv_cache)
 
 
 def model_cache_disk(missing_bytes, node, path, free_bytes):

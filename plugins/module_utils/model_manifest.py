@@ -350,11 +350,13 @@ def human_bytes(n: int | float) -> str:
     raise AssertionError("unreachable")
 
 
-def check_capacity(model_bytes: int, memory_bytes: dict, fraction: float) -> list[str]:
-    """Errors when the model cannot fit the nodes' memory.
+def check_capacity(
+    model_bytes: int, memory_bytes: dict, fraction: float, kv_cache_bytes: int = 0
+) -> list[str]:
+    """Errors when the model and the KV cache its profile needs cannot fit the nodes' memory.
 
-    Tensor parallelism puts an equal share of the weights on every node, so the limit is
-    ``fraction`` of the smallest node's memory times the number of nodes.
+    Tensor parallelism puts an equal share of the weights (and of the KV cache) on every node,
+    so the limit is ``fraction`` of the smallest node's memory times the number of nodes.
     """
     if not memory_bytes:
         return ["no node memory known: gather facts (memtotal_mb) on every node first"]
@@ -363,14 +365,18 @@ def check_capacity(model_bytes: int, memory_bytes: dict, fraction: float) -> lis
     smallest = min(int(v) for v in memory_bytes.values())
     nodes = len(memory_bytes)
     limit = float(fraction) * smallest * nodes
-    if model_bytes <= limit:
+    if model_bytes + kv_cache_bytes <= limit:
         return []
+    need = f"the model's files take {human_bytes(model_bytes)}"
+    if kv_cache_bytes:
+        need += (f" and its KV cache needs {human_bytes(kv_cache_bytes)} "
+                 "(model_cache_kv_cache_gib, from the profile)")
     return [
-        f"the model's files take {human_bytes(model_bytes)}, more than "
+        f"{need}, more than "
         f"model_cache_max_fraction_of_memory ({fraction}) of the memory of {nodes} node(s) "
         f"({human_bytes(limit)}: {nodes} x {human_bytes(smallest)}, the smallest node, since "
-        "tensor parallelism puts an equal share on each). Choose a smaller model, add nodes, "
-        "or raise model_cache_max_fraction_of_memory if the serving settings leave that much."
+        "tensor parallelism puts an equal share on each). Choose a smaller model or profile, add "
+        "nodes, or raise model_cache_max_fraction_of_memory if the serving settings leave that much."
     ]
 
 

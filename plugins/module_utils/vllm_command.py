@@ -41,6 +41,8 @@ MANAGED_FLAGS = {
     "--enable-prefix-caching": "vllm_serve_enable_prefix_caching",
     "--language-model-only": "vllm_serve_language_model_only",
     "--speculative-config": "vllm_serve_speculative_config",
+    "--kv-cache-dtype": "vllm_serve_kv_cache_dtype",
+    "--default-chat-template-kwargs": "vllm_serve_chat_template_kwargs",
     "--served-model-name": "vllm_serve_served_model_name",
     "--host": "vllm_serve_host",
     "--port": "vllm_serve_port",
@@ -181,6 +183,9 @@ def serve_args(
         _flag(args, "load-format", settings["load_format"])
     _flag(args, "enable-prefix-caching", bool(settings.get("enable_prefix_caching")))
     _flag(args, "language-model-only", bool(settings.get("language_model_only")))
+    # "auto" is vLLM's own default (the model's data type): no flag.
+    if settings.get("kv_cache_dtype") not in (None, "", "auto"):
+        _flag(args, "kv-cache-dtype", settings["kv_cache_dtype"])
     speculative = settings.get("speculative_config") or {}
     if speculative:
         compact = json.dumps(speculative, sort_keys=True, separators=(",", ":"))
@@ -196,6 +201,10 @@ def serve_args(
     _flag(args, "reasoning-parser", settings.get("reasoning_parser"))
     _flag(args, "enable-auto-tool-choice", bool(settings.get("enable_auto_tool_choice")))
     _flag(args, "tool-call-parser", settings.get("tool_call_parser"))
+    kwargs = settings.get("chat_template_kwargs") or {}
+    if kwargs:
+        _flag(args, "default-chat-template-kwargs",
+              json.dumps(kwargs, sort_keys=True, separators=(",", ":")))
     for middleware in settings.get("middleware") or []:
         _flag(args, "middleware", middleware)
     return args

@@ -14,22 +14,19 @@ from support.vaulted_yaml import load
 ROOT = Path(__file__).resolve().parents[3]
 INVENTORIES = ROOT / "inventories"
 # What reaches the serving command, the ranks' environment and the weights.
-SERVING = re.compile(r"^(vllm_serve_|model_cache_)|^spark_rank_env$")
+SERVING = re.compile(r"^(vllm_serve_|model_cache_)|^spark_rank_env$|^spark_model_profiles?$")
 
 # Forced by the CPU build of vLLM (the README's "The simulated pair" says more).
 CPU_FORCED = {
-    "vllm_serve_served_model_name": "Qwen3.5 needs torchvision, absent there: Qwen3-MoE stands in",
-    "vllm_serve_max_model_len": "the stand-in model knows 2048 positions",
+    "spark_model_profile": "Qwen3.5 needs torchvision, absent there: a tiny Qwen3-MoE stands in",
     "vllm_serve_extra_args": "--enforce-eager: no C++ compiler in the image for torch.compile",
     "spark_rank_env": "VLLM_CPU_KVCACHE_SPACE and TORCHDYNAMO_DISABLE; no CUDA allocator",
 }
 # Forced by the sim itself: no internet, no vault, tests that should finish.
 SIM_ONLY = {
-    "model_cache_source": "the pair has no internet: no Hub download",
-    "model_cache_local_dir": "the checkpoint sim-up trains on the controller",
+    "spark_model_profiles": "the checkpoints sim-up trains on the controller (no internet)",
     "vllm_serve_api_key": "a real deployment keeps its key in a vault",
     "vllm_serve_health_timeout": "the tiny model loads in seconds",
-    "vllm_serve_max_num_seqs": "no CUDA graphs on the CPU build; the benchmarks keep their figures",
     "vllm_serve_start_stall_timeout": "no step of the tiny model's start waits a minute",
     "vllm_serve_watchdog_interval": "the drills finish sooner",
 }
