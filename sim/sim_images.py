@@ -4,8 +4,8 @@ Debian bases come from debootstrap; the node image and the older cluster base (a
 tree with Ray) are built from the Dockerfiles under sim/, the donor (vLLM's CPU build) and the
 base over it (Ray added) by a script run in a container and committed (``commit_image``); the
 wheels are downloaded here. Each image carries the digest of its inputs in the label
-``dgx_spark.sim.inputs`` and is built again only when they change. The tiny model is trained
-in the donor image; ``load_into_nodes`` copies images into each node's own Docker.
+``dgx_spark.sim.inputs`` and is built again only when they change. The tiny models are
+trained in the donor image; ``load_into_nodes`` copies images into each node's own Docker.
 """
 
 from __future__ import annotations
@@ -73,7 +73,11 @@ RAY_VERSION = "2.60.0"
 DONOR_IMAGE = f"vllm-donor:{VLLM_CPU_VERSION}-cpu"
 CLUSTER_IMAGE = f"vllm-node:{VLLM_CPU_VERSION}-ray{RAY_VERSION}"
 OLD_CLUSTER_IMAGE = f"vllm-node:{OLD_VLLM_VERSION}-ray{RAY_VERSION}"
-TINY_MODEL = STATE / "models" / "tiny-qwen3-moe"
+# The tiny models sim-up makes (sim/models/make_tiny_model.py), by served name: the pair's
+# default, a Qwen3-MoE the base imports, and a dense Qwen3 only the donor's vLLM registers
+# (sim/images/vllm-node/build.sh takes it out of the base's registry).
+TINY_MODELS = {name: STATE / "models" / name for name in ("tiny-qwen3-moe", "tiny-qwen3")}
+TINY_MODEL = TINY_MODELS["tiny-qwen3-moe"]
 
 
 def digest(*parts: str | bytes | Path) -> str:
@@ -373,8 +377,10 @@ def build_old_cluster_image(inputs: FixtureInputs) -> None:
 
 @dataclass
 class ModelJob:
-    """The tiny model being trained in a container of the donor image."""
+    """A tiny model being trained in a container of the donor image."""
 
+    name: str
+    out: Path
     proc: subprocess.Popen
     inputs: str
     started: float
@@ -382,51 +388,67 @@ class ModelJob:
 
 def tiny_model_inputs() -> str:
     """The generator, its template and scripted conversations, and the donor image's inputs
-    (its torch trains the weights)."""
+    (its torch trains the weights): the same for every tiny model, each stamped apart."""
     donor = image_label(DONOR_IMAGE) or image_id(DONOR_IMAGE) or ""
     return digest(SIM / "models", donor)
 
 
-def tiny_model_command(out: Path, env: tuple[str, ...] = ()) -> list[str]:
-    """docker run of make_tiny_model.py in the donor image, writing the model to ``out`` (its
-    parent is mounted); ``env`` adds NAME=VALUE settings (the determinism test varies them)."""
+def tiny_model_command(
+    out: Path, env: tuple[str, ...] = (), name: str = "tiny-qwen3-moe"
+) -> list[str]:
+    """docker run of make_tiny_model.py in the donor image, writing the model ``name`` (one of
+    TINY_MODELS) to ``out`` (its parent is mounted); ``env`` adds NAME=VALUE settings (the
+    determinism test varies them)."""
     return [
         sim_common.DOCKER, "run", "--rm", "--label", f"{LABEL}=job", "--network", "none",
         "--user", f"{os.getuid()}:{os.getgid()}", "-e", "HOME=/tmp",
         *(arg for item in env for arg in ("-e", item)),
         "-v", f"{out.parent}:/out", "-v", f"{SIM / 'models'}:/models:ro",
         "--entrypoint", "python3", DONOR_IMAGE, "/models/make_tiny_model.py", f"/out/{out.name}",
+        name,
     ]  # fmt: skip
 
 
-def start_tiny_model() -> ModelJob | None:
-    """Train and write the tiny model in the background (one core for a minute or two, while
-    the cluster image is built and the images load into the nodes); None when the one in .sim
-    is up to date."""
+def start_tiny_models() -> list[ModelJob]:
+    """Train and write the tiny models in the background, each in its own container at once
+    (one core each for about 15 s, while the cluster image is built and the images load into
+    the nodes); those whose copy in .sim is up to date are left alone."""
     inputs = tiny_model_inputs()
-    stamp = TINY_MODEL / ".inputs"
-    if stamp.exists() and stamp.read_text() == inputs:
-        log(f"tiny model: up to date in {TINY_MODEL.relative_to(ROOT)}")
-        return None
-    shutil.rmtree(TINY_MODEL, ignore_errors=True)
-    TINY_MODEL.parent.mkdir(parents=True, exist_ok=True)
-    log("tiny model: training its weights in the donor image")
-    cmd = tiny_model_command(TINY_MODEL)
-    proc = subprocess.Popen(cmd, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    return ModelJob(proc, inputs, time.monotonic())
+    jobs = []
+    for name, out in TINY_MODELS.items():
+        stamp = out / ".inputs"
+        if stamp.exists() and stamp.read_text() == inputs:
+            log(f"{name}: up to date in {out.relative_to(ROOT)}")
+            continue
+        shutil.rmtree(out, ignore_errors=True)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        log(f"{name}: training its weights in the donor image")
+        proc = subprocess.Popen(
+            tiny_model_command(out, name=name),
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        jobs.append(ModelJob(name, out, proc, inputs, time.monotonic()))
+    return jobs
 
 
-def finish_tiny_model(job: ModelJob | None) -> None:
-    if job is None:
-        return
-    output, _ = job.proc.communicate()
-    if job.proc.returncode != 0:
-        raise SimError(f"making the tiny model failed:\n{output[-4000:]}")
-    (TINY_MODEL / ".inputs").write_text(job.inputs)
-    log(
-        f"tiny model: weights trained and written to {TINY_MODEL.relative_to(ROOT)} "
-        f"in {time.monotonic() - job.started:.0f}s"
-    )
+def finish_tiny_models(jobs: list[ModelJob]) -> None:
+    """Wait for every job, then stamp each model made; the first failure is raised after all
+    have ended (no container is left training)."""
+    failed = []
+    for job in jobs:
+        output, _ = job.proc.communicate()
+        if job.proc.returncode != 0:
+            failed.append(f"making {job.name} failed:\n{output[-4000:]}")
+            continue
+        (job.out / ".inputs").write_text(job.inputs)
+        log(
+            f"{job.name}: weights trained and written to {job.out.relative_to(ROOT)} "
+            f"in {time.monotonic() - job.started:.0f}s"
+        )
+    if failed:
+        raise SimError("\n".join(failed))
 
 
 def load_into_nodes(images: list[str], nodes: list[Node]) -> None:

@@ -50,11 +50,11 @@ from sim_images import (  # noqa: E402
     build_old_cluster_image,
     build_rootfs_image,
     digest,
-    finish_tiny_model,
+    finish_tiny_models,
     image_id,
     load_into_nodes,
     start_fixture_inputs,
-    start_tiny_model,
+    start_tiny_models,
 )
 
 INVENTORY = ROOT / "inventories" / "sim" / "hosts.yml"
@@ -339,7 +339,7 @@ def up(monitoring_image: bool = False) -> None:
     # On a fresh machine: the fixtures' Debian base, wheels and source tree are made while the
     # node image is; the older base (small) is built and loaded into the nodes while the donor
     # builds (its pip install holds one core); the base adds Ray to the donor's layers, and
-    # both go to the nodes in one stream while the tiny model trains.
+    # both go to the nodes in one stream while the tiny models train.
     with ThreadPoolExecutor(max_workers=6, thread_name_prefix="sim") as pool:
         fixture_inputs = start_fixture_inputs(pool)
         node_image = build_node_image()
@@ -356,7 +356,7 @@ def up(monitoring_image: bool = False) -> None:
             ensure_node(node, node_image)
         old_cluster_job = pool.submit(old_cluster_into_nodes, fixture_inputs, nodes)
         build_donor_image(fixture_inputs)
-        model = start_tiny_model()
+        models = start_tiny_models()
         build_cluster_image(fixture_inputs)
         old_cluster_job.result()
         load_into_nodes([DONOR_IMAGE, CLUSTER_IMAGE], nodes)
@@ -365,7 +365,7 @@ def up(monitoring_image: bool = False) -> None:
     for node in nodes:
         authorize(node, key.with_suffix(".pub"))
     write_known_hosts(nodes)
-    finish_tiny_model(model)
+    finish_tiny_models(models)
     log(
         f"pair up in {time.monotonic() - started:.0f}s: "
         + ", ".join(f"{n.name}={n.mgmt_ip}" for n in nodes)

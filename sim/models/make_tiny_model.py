@@ -1,7 +1,12 @@
-"""Write the sim's tiny Qwen3-MoE checkpoint: weights that give known answers, and chat.
+"""Write one of the sim's tiny checkpoints: weights that give known answers, and chat.
 
 Runs inside the vllm-donor image (torch, tokenizers, transformers, safetensors); no network.
-Usage: make_tiny_model.py OUT_DIR
+Usage: make_tiny_model.py OUT_DIR [NAME]
+
+NAME picks the architecture (MODELS): tiny-qwen3-moe (the default, Qwen3MoeForCausalLM) or
+tiny-qwen3 (a dense Qwen3ForCausalLM: the architecture the sim's base lacks, so that a
+profile serving it needs the donor's vLLM). Both learn the same replies with the same
+tokenizer; they differ in their MLP (four experts, top two, against one dense MLP).
 
 - A byte-level BPE tokenizer trained on a fixed corpus, with ChatML's turn markers and
   Qwen's <think> and <tool_call> markers as single added tokens (vLLM's qwen3 parsers look
@@ -51,22 +56,15 @@ MARGIN = 4.0
 BACKGROUND_WEIGHT = 0.2
 SHARDS = 2
 
-CONFIG = {
-    "architectures": ["Qwen3MoeForCausalLM"],
-    "model_type": "qwen3_moe",
+# What both architectures share (the attention, the norms, the positions, the vocabulary).
+COMMON = {
     "vocab_size": 1088,
     "hidden_size": 128,
     "intermediate_size": 256,
-    "moe_intermediate_size": 32,
     "num_hidden_layers": 2,
     "num_attention_heads": 2,
     "num_key_value_heads": 2,
     "head_dim": 64,
-    "num_experts": 4,
-    "num_experts_per_tok": 2,
-    "decoder_sparse_step": 1,
-    "mlp_only_layers": [],
-    "norm_topk_prob": True,
     "hidden_act": "silu",
     "max_position_embeddings": 2048,
     "rms_norm_eps": 1e-06,
@@ -78,6 +76,35 @@ CONFIG = {
     "bos_token_id": 0,
     "eos_token_id": 2,
 }
+MODELS = {
+    "tiny-qwen3-moe": {
+        **COMMON,
+        "architectures": ["Qwen3MoeForCausalLM"],
+        "model_type": "qwen3_moe",
+        "moe_intermediate_size": 32,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+        "norm_topk_prob": True,
+    },
+    # One dense MLP per layer, as wide as the MoE's four experts together (4 x 32).
+    "tiny-qwen3": {
+        **COMMON,
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "intermediate_size": 128,
+        "use_sliding_window": False,
+        "sliding_window": None,
+        "max_window_layers": COMMON["num_hidden_layers"],
+    },
+}
+DEFAULT_MODEL = "tiny-qwen3-moe"
+
+
+def is_moe(c: dict) -> bool:
+    return "num_experts" in c
+
 
 WORDS = [
     "spark", "node", "cluster", "ray", "vllm", "tensor", "parallel", "link", "memory", "model",
@@ -122,7 +149,7 @@ def write_tokenizer(out: pathlib.Path, tokenizer: Tokenizer, template: str) -> N
         "bos_token": None,
         "eos_token": "<|im_end|>",
         "pad_token": "<|endoftext|>",
-        "model_max_length": CONFIG["max_position_embeddings"],
+        "model_max_length": COMMON["max_position_embeddings"],
         "clean_up_tokenization_spaces": False,
         "split_special_tokens": False,
         "chat_template": template,
@@ -180,13 +207,13 @@ def encode(hf_tokenizer, text: str) -> list[int]:
 
 def rms(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     x32 = x.float()
-    return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + CONFIG["rms_norm_eps"]))
+    return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + COMMON["rms_norm_eps"]))
 
 
-def init_weights() -> dict[str, torch.Tensor]:
-    """Qwen3-MoE's checkpoint names and shapes, per expert as the published checkpoints."""
-    c = CONFIG
-    h, hd, e, i = c["hidden_size"], c["head_dim"], c["num_experts"], c["moe_intermediate_size"]
+def init_weights(c: dict) -> dict[str, torch.Tensor]:
+    """Qwen3's or Qwen3-MoE's checkpoint names and shapes (the MoE's per expert, as the
+    published checkpoints)."""
+    h, hd = c["hidden_size"], c["head_dim"]
     q, kv = c["num_attention_heads"] * hd, c["num_key_value_heads"] * hd
 
     def normal(*shape: int, fan_in: int) -> torch.Tensor:
@@ -203,6 +230,13 @@ def init_weights() -> dict[str, torch.Tensor]:
         w[p + "self_attn.o_proj.weight"] = normal(h, q, fan_in=q) * 0.5
         w[p + "self_attn.q_norm.weight"] = torch.ones(hd)
         w[p + "self_attn.k_norm.weight"] = torch.ones(hd)
+        if not is_moe(c):
+            i = c["intermediate_size"]
+            w[p + "mlp.gate_proj.weight"] = normal(i, h, fan_in=h)
+            w[p + "mlp.up_proj.weight"] = normal(i, h, fan_in=h)
+            w[p + "mlp.down_proj.weight"] = normal(h, i, fan_in=i) * 0.5
+            continue
+        e, i = c["num_experts"], c["moe_intermediate_size"]
         w[p + "mlp.gate.weight"] = normal(e, h, fan_in=h)
         for x in range(e):
             w[p + f"mlp.experts.{x}.gate_proj.weight"] = normal(i, h, fan_in=h)
@@ -216,16 +250,15 @@ def init_weights() -> dict[str, torch.Tensor]:
 def rope(x: torch.Tensor) -> torch.Tensor:
     """Rotary embedding, halves rotated (the neox layout Qwen uses); x is [B, heads, T, hd]."""
     hd = x.shape[-1]
-    inv = 1.0 / (CONFIG["rope_theta"] ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd))
+    inv = 1.0 / (COMMON["rope_theta"] ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd))
     angles = torch.arange(x.shape[-2], dtype=torch.float32)[:, None] * inv[None, :]
     cos, sin = torch.cat([angles.cos()] * 2, -1), torch.cat([angles.sin()] * 2, -1)
     first, second = x[..., : hd // 2], x[..., hd // 2 :]
     return x * cos + torch.cat([-second, first], -1) * sin
 
 
-def forward(w: dict[str, torch.Tensor], ids: torch.Tensor) -> torch.Tensor:
+def forward(c: dict, w: dict[str, torch.Tensor], ids: torch.Tensor) -> torch.Tensor:
     """Hidden states before the LM head for ids [B, T] (right-padded; attention is causal)."""
-    c = CONFIG
     bsz, t = ids.shape
     nh, nkv, hd = c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
     x = w["model.embed_tokens.weight"][ids]
@@ -242,6 +275,10 @@ def forward(w: dict[str, torch.Tensor], ids: torch.Tensor) -> torch.Tensor:
         )
         x = x + att.transpose(1, 2).reshape(bsz, t, nh * hd) @ w[p + "self_attn.o_proj.weight"].T
         h = rms(x, w[p + "post_attention_layernorm.weight"])
+        if not is_moe(c):
+            y = F.silu(h @ w[p + "mlp.gate_proj.weight"].T) * (h @ w[p + "mlp.up_proj.weight"].T)
+            x = x + y @ w[p + "mlp.down_proj.weight"].T
+            continue
         # Softmax over the experts, the top k renormalized (norm_topk_prob); computed densely.
         probs = torch.softmax(h @ w[p + "mlp.gate.weight"].T, dim=-1)
         top, idx = probs.topk(c["num_experts_per_tok"], dim=-1)
@@ -271,20 +308,20 @@ def batch(rows: list[tuple[list[int], int]], pad: int, weight: float):
     return ids, torch.roll(ids, -1, dims=1), weights
 
 
-def scripted_margin(w, ids, targets, weights) -> float:
+def scripted_margin(c, w, ids, targets, weights) -> float:
     """The smallest lead of a scripted token over the best other token."""
     with torch.no_grad():
         mask = weights > 0
-        logits = forward(w, ids)[mask] @ w["lm_head.weight"].T
+        logits = forward(c, w, ids)[mask] @ w["lm_head.weight"].T
         target = targets[mask]
         right = logits.gather(1, target[:, None])[:, 0]
         logits.scatter_(1, target[:, None], float("-inf"))
         return float((right - logits.max(1).values).min())
 
 
-def train(pairs, lines, pad: int) -> tuple[dict[str, torch.Tensor], int]:
+def train(c: dict, pairs, lines, pad: int) -> tuple[dict[str, torch.Tensor], int]:
     torch.manual_seed(SEED)
-    w = {k: v.requires_grad_() for k, v in init_weights().items()}
+    w = {k: v.requires_grad_() for k, v in init_weights(c).items()}
     opt = torch.optim.Adam(w.values(), lr=LEARNING_RATE)
     # Two batches, so that short plain lines are not padded to a chat prompt's length.
     n_reply = sum(len(r) for _, r in pairs)
@@ -295,44 +332,44 @@ def train(pairs, lines, pad: int) -> tuple[dict[str, torch.Tensor], int]:
         loss = torch.zeros(())
         for ids, targets, weights in (scripted, plain):
             mask = weights > 0
-            logits = forward(w, ids)[mask] @ w["lm_head.weight"].T
+            logits = forward(c, w, ids)[mask] @ w["lm_head.weight"].T
             ce = F.cross_entropy(logits, targets[mask], reduction="none")
             loss = loss + (ce * weights[mask]).sum()
         opt.zero_grad()
         loss.backward()
         opt.step()
         if step % 25 == 0:
-            margin = scripted_margin(w, *scripted)
+            margin = scripted_margin(c, w, *scripted)
             print(f"step {step}: loss {loss.item():.4f}, margin {margin:.2f}", flush=True)
             if margin >= MARGIN:
                 return {k: v.detach() for k, v in w.items()}, step
     raise SystemExit(f"training did not reach a margin of {MARGIN} in {MAX_STEPS} steps")
 
 
-def greedy(w: dict[str, torch.Tensor], prompt: list[int], stop: set[int], limit: int) -> list[int]:
+def greedy(c: dict, w: dict, prompt: list[int], stop: set[int], limit: int) -> list[int]:
     ids = list(prompt)
     with torch.no_grad():
         for _ in range(limit):
-            nxt = int((forward(w, torch.tensor([ids]))[0, -1] @ w["lm_head.weight"].T).argmax())
+            nxt = int((forward(c, w, torch.tensor([ids]))[0, -1] @ w["lm_head.weight"].T).argmax())
             ids.append(nxt)
             if nxt in stop:
                 break
     return ids[len(prompt) :]
 
 
-def check(w, pairs, hf_tokenizer, stop: set[int]) -> None:
+def check(c, w, pairs, hf_tokenizer, stop: set[int]) -> None:
     """Greedy decoding with the bfloat16 weights gives every scripted reply, and plain text
     goes on with words (the sim's tests ask completions of N tokens from short prompts)."""
     w16 = {k: v.to(torch.bfloat16).float() for k, v in w.items()}
     for prompt, reply in pairs:
-        got = greedy(w16, prompt, stop, len(reply) + 4)
+        got = greedy(c, w16, prompt, stop, len(reply) + 4)
         if got != reply:
             raise SystemExit(
                 f"after {hf_tokenizer.decode(prompt)!r} the model writes "
                 f"{hf_tokenizer.decode(got)!r}, not {hf_tokenizer.decode(reply)!r}"
             )
     for text in ("spark", "spark node cluster", "Hi", "ping"):
-        got = greedy(w16, encode(hf_tokenizer, text), stop, 8)
+        got = greedy(c, w16, encode(hf_tokenizer, text), stop, 8)
         if stop & set(got):
             raise SystemExit(f"a completion of {text!r} ends early: {hf_tokenizer.decode(got)!r}")
 
@@ -346,7 +383,7 @@ def write_shards(out: pathlib.Path, w: dict[str, torch.Tensor]) -> None:
     def shard_of(name: str) -> int:
         if name.startswith("model.layers."):
             layer = int(name.split(".")[2])
-            return min(SHARDS - 1, layer * SHARDS // CONFIG["num_hidden_layers"])
+            return min(SHARDS - 1, layer * SHARDS // COMMON["num_hidden_layers"])
         return 0 if name == "model.embed_tokens.weight" else SHARDS - 1
 
     files = [f"model-{n + 1:05d}-of-{SHARDS:05d}.safetensors" for n in range(SHARDS)]
@@ -364,7 +401,8 @@ def write_shards(out: pathlib.Path, w: dict[str, torch.Tensor]) -> None:
     )
 
 
-def main(out: pathlib.Path, started: float) -> None:
+def main(out: pathlib.Path, name: str, started: float) -> None:
+    c = MODELS[name]
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
     script = json.loads((HERE / "conversations.json").read_text(encoding="utf-8"))
@@ -380,7 +418,7 @@ def main(out: pathlib.Path, started: float) -> None:
     write_tokenizer(out, first, template)
     texts = scripted(script, AutoTokenizer.from_pretrained(str(out)))
     tokenizer = build_tokenizer([t for triple in texts for t in triple[:2]] + background())
-    if tokenizer.get_vocab_size() > CONFIG["vocab_size"]:
+    if tokenizer.get_vocab_size() > c["vocab_size"]:
         raise SystemExit(f"vocabulary of {tokenizer.get_vocab_size()} exceeds the config's")
     write_tokenizer(out, tokenizer, template)
     hf_tokenizer = AutoTokenizer.from_pretrained(str(out))
@@ -401,21 +439,23 @@ def main(out: pathlib.Path, started: float) -> None:
 
     eos = {vocab["<|endoftext|>"], vocab["<|im_end|>"]}
     mark = time.monotonic()
-    weights, steps = train(pairs, lines, pad=vocab["<|endoftext|>"])
+    weights, steps = train(c, pairs, lines, pad=vocab["<|endoftext|>"])
     print(f"trained in {time.monotonic() - mark:.1f}s", flush=True)
     mark = time.monotonic()
-    check(weights, pairs, hf_tokenizer, eos)
+    check(c, weights, pairs, hf_tokenizer, eos)
     print(f"replies checked in {time.monotonic() - mark:.1f}s", flush=True)
     write_shards(out, weights)
-    write_json(out / "config.json", {**CONFIG, "eos_token_id": vocab["<|im_end|>"]})
+    write_json(out / "config.json", {**c, "eos_token_id": vocab["<|im_end|>"]})
     write_json(
         out / "generation_config.json",
         {"bos_token_id": vocab["<|endoftext|>"], "eos_token_id": sorted(eos)},
     )
     for path in out.iterdir():
         path.chmod(0o644)  # safetensors writes 0600; every node's user reads the copies
-    print(f"tiny model written to {out}: {steps} steps, {time.monotonic() - started:.0f}s")
+    print(f"{name} written to {out}: {steps} steps, {time.monotonic() - started:.0f}s")
 
 
 if __name__ == "__main__":
-    main(pathlib.Path(sys.argv[1]), STARTED)
+    if len(sys.argv) not in (2, 3) or sys.argv[2:] and sys.argv[2] not in MODELS:
+        raise SystemExit(f"usage: make_tiny_model.py OUT_DIR [{' | '.join(MODELS)}]")
+    main(pathlib.Path(sys.argv[1]), sys.argv[2] if len(sys.argv) == 3 else DEFAULT_MODEL, STARTED)

@@ -171,8 +171,8 @@ def up_steps(simctl, monkeypatch):
     for name in ("preflight", "probe_capabilities", "ensure_networks", "ensure_node",
                  "build_donor_image", "build_cluster_image", "build_old_cluster_image",
                  "wait_ready", "authorize",
-                 "write_known_hosts", "load_into_nodes", "finish_tiny_model",
-                 "start_fixture_inputs", "start_tiny_model", "image_id"):  # fmt: skip
+                 "write_known_hosts", "load_into_nodes", "finish_tiny_models",
+                 "start_fixture_inputs", "start_tiny_models", "image_id"):  # fmt: skip
         monkeypatch.setattr(simctl, name, record(name))
     monkeypatch.setattr(simctl, "build_node_image", record("build_node_image", "node"))
     monkeypatch.setattr(simctl, "build_rootfs_image", record("rootfs"))
@@ -193,7 +193,7 @@ def test_up_builds_the_monitoring_image_after_the_node_image_only_when_asked(
     assert (monitoring in calls) is asked, calls
     if asked:
         assert calls.index("build_node_image") < calls.index(monitoring), calls
-        assert calls.index(monitoring) < calls.index("finish_tiny_model"), calls
+        assert calls.index(monitoring) < calls.index("finish_tiny_models"), calls
 
 
 def test_up_loads_the_older_base_into_the_nodes_while_the_donor_builds(
@@ -202,7 +202,7 @@ def test_up_loads_the_older_base_into_the_nodes_while_the_donor_builds(
     """The older base is small: it is built, and loaded once each node's dockerd answers,
     during the donor's build (a donor that waits for that load would otherwise never end).
     The base (Ray over the donor's layers) is built after the donor, and both are loaded in one
-    stream, the tiny model training meanwhile."""
+    stream, the tiny models training meanwhile."""
     import threading
 
     old_loaded = threading.Event()
@@ -229,7 +229,7 @@ def test_up_loads_the_older_base_into_the_nodes_while_the_donor_builds(
     assert calls[first_ready : calls.index(old)].count("wait_ready") == 2, calls
     assert calls.index(old) < calls.index("build_donor_image") < calls.index("build_cluster_image")
     assert calls.index("build_cluster_image") < calls.index(both), calls
-    assert calls.index("start_tiny_model") < calls.index(both) < calls.index("finish_tiny_model")
+    assert calls.index("start_tiny_models") < calls.index(both) < calls.index("finish_tiny_models")
     assert calls.index(both) < calls.index("authorize"), calls
 
 
