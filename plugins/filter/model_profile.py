@@ -36,7 +36,8 @@ def model_profile_pick(name, own=None):
     """The profile ``name`` (the inventory's spark_model_profiles before the shipped ones)."""
     if own is not None and not isinstance(own, dict):
         raise AnsibleFilterError(
-            f"spark_model_profiles must be a mapping of profile names to profiles, not {type(own).__name__}"
+            "spark_model_profiles must be a mapping of profile names to profiles, "
+            f"not {type(own).__name__}"
         )
     try:
         return mp.pick(str(name), shipped_profiles(), dict(own or {}))

@@ -369,14 +369,17 @@ def check_capacity(
         return []
     need = f"the model's files take {human_bytes(model_bytes)}"
     if kv_cache_bytes:
-        need += (f" and its KV cache needs {human_bytes(kv_cache_bytes)} "
-                 "(model_cache_kv_cache_gib, from the profile)")
+        need += (
+            f" and its KV cache needs {human_bytes(kv_cache_bytes)} "
+            "(model_cache_kv_cache_gib, from the profile)"
+        )
     return [
         f"{need}, more than "
         f"model_cache_max_fraction_of_memory ({fraction}) of the memory of {nodes} node(s) "
         f"({human_bytes(limit)}: {nodes} x {human_bytes(smallest)}, the smallest node, since "
-        "tensor parallelism puts an equal share on each). Choose a smaller model or profile, add "
-        "nodes, or raise model_cache_max_fraction_of_memory if the serving settings leave that much."
+        "tensor parallelism puts an equal share on each). Choose a smaller model or profile, "
+        "add nodes, or raise model_cache_max_fraction_of_memory if the serving settings leave "
+        "that much."
     ]
 
 

@@ -112,7 +112,8 @@ def speculative_config(profile: dict, tokens) -> dict:
         count = -1
     if isinstance(tokens, bool) or count < 0:
         raise ProfileError(
-            f"spark_model_speculative_tokens is {tokens!r}; allowed: a whole number, 0 (off) or more"
+            f"spark_model_speculative_tokens is {tokens!r}; "
+            "allowed: a whole number, 0 (off) or more"
         )
     if count == 0:
         return {}
@@ -144,9 +145,13 @@ def vllm_errors(image: str, version, minimum, profile: str) -> list[str]:
     if need is None:
         return [f"profile {profile}: image.min_vllm ({minimum}) is not a vLLM release"]
     if have is None:
-        return [f"{image}: its vLLM version ({version or 'none found'}) cannot be compared with "
-                f"{minimum}, the lowest profile {profile} is served by"]
+        return [
+            f"{image}: its vLLM version ({version or 'none found'}) cannot be compared with "
+            f"{minimum}, the lowest profile {profile} is served by"
+        ]
     if have >= need:
         return []
-    return [f"{image} has vLLM {version}, older than {minimum}, the lowest profile {profile} "
-            "is served by: build or pull a newer one, or pick another spark_model_profile"]
+    return [
+        f"{image} has vLLM {version}, older than {minimum}, the lowest profile {profile} "
+        "is served by: build or pull a newer one, or pick another spark_model_profile"
+    ]

@@ -203,8 +203,11 @@ def serve_args(
     _flag(args, "tool-call-parser", settings.get("tool_call_parser"))
     kwargs = settings.get("chat_template_kwargs") or {}
     if kwargs:
-        _flag(args, "default-chat-template-kwargs",
-              json.dumps(kwargs, sort_keys=True, separators=(",", ":")))
+        _flag(
+            args,
+            "default-chat-template-kwargs",
+            json.dumps(kwargs, sort_keys=True, separators=(",", ":")),
+        )
     for middleware in settings.get("middleware") or []:
         _flag(args, "middleware", middleware)
     return args

@@ -1,8 +1,9 @@
 """Shared set-up for the unit tests.
 
-* ``<repo>/collections`` goes on ``sys.path``: ``collections/ansible_collections/dgx_spark/
-  cluster`` is a committed link to the repository root, so the collection's code imports as
-  ``ansible_collections.dgx_spark.cluster...`` exactly as Ansible loads it.
+* ``<repo>/collections`` goes on ``sys.path`` and under Ansible's collection loader:
+  ``collections/ansible_collections/dgx_spark/cluster`` is a committed link to the repository
+  root, so the collection's code imports as ``ansible_collections.dgx_spark.cluster...`` and
+  its filters template exactly as Ansible loads them.
 * ``vllm_sdist``: ``tools/vllm_sdist.py`` loaded from its path.
 * ``fetch_vllm_sdist``: fetch (or find cached) a published vLLM source archive. Where it
   cannot be fetched the test is skipped, unless the ``CI`` variable is set: there it fails.
@@ -15,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from ansible.utils.collection_loader._collection_finder import _AnsibleCollectionFinder
 from support.tools import load_tool
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -34,6 +36,9 @@ os.environ.setdefault(
 )
 if str(COLLECTIONS) not in sys.path:
     sys.path.insert(0, str(COLLECTIONS))
+# Ansible's own collection loader over the same directory, so that a Templar in a test finds the
+# collection's filters (dgx_spark.cluster.model_profile in spark_defaults' defaults) as a run does.
+_AnsibleCollectionFinder(paths=[str(COLLECTIONS)])._install()
 # Shared test helpers: tests/unit/support.
 if str(Path(__file__).parent) not in sys.path:
     sys.path.insert(0, str(Path(__file__).parent))

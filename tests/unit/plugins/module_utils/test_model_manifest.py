@@ -378,6 +378,15 @@ def test_capacity_rejects_bad_fractions(fraction):
     assert error.startswith("model_cache_max_fraction_of_memory must be above 0")
 
 
+def test_capacity_counts_the_profiles_kv_cache_beside_the_weights():
+    """119 GB of weights fit 0.8 of two 113 GiB nodes; 80 GiB of KV cache more do not, and the
+    refusal names where that figure comes from."""
+    memory = {"spark-1": 113 * GIB, "spark-2": 113 * GIB}
+    assert mm.check_capacity(119_000_000_000, memory, 0.8, 26 * GIB) == []
+    (error,) = mm.check_capacity(119_000_000_000, memory, 0.8, 80 * GIB)
+    assert "its KV cache needs 80.0 GiB (model_cache_kv_cache_gib, from the profile)" in error
+
+
 def test_capacity_needs_memory_facts():
     assert "memtotal_mb" in mm.check_capacity(1, {}, 0.8)[0]
 

@@ -6,27 +6,32 @@ import re
 from pathlib import Path
 
 import pytest
-import yaml
+from ansible.parsing.dataloader import DataLoader
+from ansible.template import Templar, trust_as_template
 from ansible_collections.dgx_spark.cluster.plugins.module_utils import vllm_command
 
 ROOT = Path(__file__).resolve().parents[4]
-DEFAULTS = yaml.safe_load((ROOT / "roles/vllm_serve/defaults/main.yml").read_text())
-SHARED = yaml.safe_load((ROOT / "roles/spark_defaults/defaults/main.yml").read_text())
+DEFAULTS = DataLoader().load_from_file(
+    str(ROOT / "roles/vllm_serve/defaults/main.yml"), trusted_as_template=True
+)
+SHARED = DataLoader().load_from_file(
+    str(ROOT / "roles/spark_defaults/defaults/main.yml"), trusted_as_template=True
+)
 
 
-def _shared(value, seen: dict = SHARED):
-    """A default that is one spark_defaults variable (the port: "{{ spark_serving_port }}"),
-    as Ansible gives it; any other value as written."""
-    match = re.fullmatch(r"\{\{ (spark_\w+) \}\}", str(value))
-    return seen[match.group(1)] if match else value
+def _rendered(value, profile: str = "qwen3.5-122b-a10b-fp8"):
+    """A default as Ansible gives it: templated over spark_defaults' and this role's defaults,
+    with the model profile ``profile`` (the port: "{{ spark_serving_port }}" is 8000)."""
+    variables = {**SHARED, **DEFAULTS, "spark_model_profile": profile}
+    return Templar(loader=DataLoader(), variables=variables).template(value)
 
 
-def production_settings(**overrides) -> dict:
-    """The role's defaults, as vars/main.yml maps them, for the Qwen3.5 recipe."""
+def production_settings(profile: str = "qwen3.5-122b-a10b-fp8", **overrides) -> dict:
+    """The role's defaults, as vars/main.yml maps them, for the recipe of ``profile``."""
     settings = {
-        key.removeprefix("vllm_serve_"): _shared(value)
+        key.removeprefix("vllm_serve_"): _rendered(value, profile)
         for key, value in DEFAULTS.items()
-        if key.startswith("vllm_serve_")
+        if key.startswith("vllm_serve_") and key != "vllm_serve_model_path"
     }
     settings["model_path"] = "/var/lib/dgx-spark/models/Qwen3.5-122B-A10B-FP8"
     settings.update(overrides)
@@ -254,8 +259,12 @@ def _inventory(name: str) -> dict:
     """An inventory's group_vars/all over the role's defaults (the values a run sees)."""
     seen = {**SHARED, **DEFAULTS}
     for path in sorted((ROOT / "inventories" / name / "group_vars" / "all").glob("*.yml")):
-        seen.update(yaml.safe_load(path.read_text()) or {})
-    return {key: _shared(value, seen) for key, value in seen.items()}
+        seen.update(DataLoader().load_from_file(str(path), trusted_as_template=True) or {})
+    seen["inventory_dir"] = str(ROOT / "inventories" / name)
+    templar = Templar(loader=DataLoader(), variables=seen)
+    return {
+        key: templar.template(value) for key, value in seen.items() if key.startswith("vllm_serve_")
+    } | {key: seen[key] for key in ("spark_hardware",) if key in seen}
 
 
 def _auth_errors(seen: dict) -> list[str]:
@@ -307,3 +316,53 @@ def test_auth_errors(key_set, hardware, allow, refused):
 def test_auth_errors_never_quote_a_key():
     """The rule gets only whether a key is set; a set key passes, whatever it is."""
     assert vllm_command.auth_errors(True, True, False, 8000) == []
+
+
+def test_another_profile_renders_its_own_recipe():
+    """gpt-oss-120b: its context, KV cache type, parsers and environment, from profiles/."""
+    settings = production_settings("gpt-oss-120b")
+    args = vllm_command.serve_args(
+        settings, backend="ray", node_rank=0, nnodes=2, master_addr="198.51.100.11"
+    )
+    assert args[args.index("--max-model-len") + 1] == "131072"
+    assert args[args.index("--kv-cache-dtype") + 1] == "fp8"
+    assert args[args.index("--reasoning-parser") + 1] == "openai_gptoss"
+    assert args[args.index("--tool-call-parser") + 1] == "openai"
+    assert "--language-model-only" not in args and "--max-num-seqs" not in args
+    assert settings["env"] == {"VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8": "1"}
+
+
+def test_the_chat_template_kwargs_and_kv_cache_type_reach_the_head_only_where_set():
+    settings = production_settings(chat_template_kwargs={"enable_thinking": False})
+    head = vllm_command.serve_args(
+        settings, backend="multinode", node_rank=0, nnodes=2, master_addr="198.51.100.11"
+    )
+    worker = vllm_command.serve_args(
+        settings, backend="multinode", node_rank=1, nnodes=2, master_addr="198.51.100.11"
+    )
+    assert head[head.index("--default-chat-template-kwargs") + 1] == '{"enable_thinking":false}'
+    assert "--default-chat-template-kwargs" not in worker, "an API setting: the head's alone"
+    assert "--kv-cache-dtype" not in head, "auto leaves vLLM's own"
+    fp8 = production_settings(kv_cache_dtype="fp8")
+    for rank in (0, 1):
+        args = vllm_command.serve_args(
+            fp8, backend="multinode", node_rank=rank, nnodes=2, master_addr="198.51.100.11"
+        )
+        assert args[args.index("--kv-cache-dtype") + 1] == "fp8", "every rank agrees on it"
+
+
+def test_speculative_tokens_turn_on_the_profiles_method():
+    settings = production_settings(
+        speculative_config=_rendered(
+            trust_as_template(
+                "{{ spark_profile | dgx_spark.cluster.model_profile('speculative', 1) }}"
+            )
+        )
+    )
+    args = vllm_command.serve_args(
+        settings, backend="ray", node_rank=0, nnodes=2, master_addr="198.51.100.11"
+    )
+    assert (
+        args[args.index("--speculative-config") + 1]
+        == '{"method":"mtp","num_speculative_tokens":1}'
+    )
