@@ -82,6 +82,11 @@ def endpoint(url: str, key: str = "", timeout: float = 30.0):
 
 
 SERVE = yaml.safe_load((ROOT / "inventories/sim/group_vars/all/serve.yml").read_text())
+# The name clients ask for: the served name of the sim's model profile (model.yml there).
+_MODEL = yaml.safe_load((ROOT / "inventories/sim/group_vars/all/model.yml").read_text())
+SERVED_MODEL = _MODEL["spark_model_profiles"][_MODEL["spark_model_profile"]]["serve"][
+    "served_model_name"
+]
 FAULTS = ("cold-start", "worker-rank", "head-rank", "rank-freeze", "worker-reboot",
           "head-reboot", "power-cut", "power-cut-late", "link-drop")  # fmt: skip
 
@@ -108,7 +113,7 @@ class Client(threading.Thread):
 
     def ask(self) -> bool:
         asked = endpoint(self.url, SERVE["vllm_serve_api_key"], timeout=10)
-        return asked.complete(SERVE["vllm_serve_served_model_name"], "spark").ok
+        return asked.complete(SERVED_MODEL, "spark").ok
 
     def run(self) -> None:
         while not self.halt.is_set():

@@ -12,6 +12,7 @@ from ansible_collections.dgx_spark.cluster.plugins.module_utils import (
     operate_settings,
     pair_status,
     ray_status,
+    vllm_metrics,
 )
 from ansible_collections.dgx_spark.cluster.plugins.plugin_utils.role_filter import role_filter
 
@@ -67,6 +68,12 @@ def operate_bench_summary(runs):
     }
 
 
+def operate_speculative(before, after):
+    """Speculative decoding's acceptance between two scrapes of /metrics (the ``metrics`` of
+    vllm_endpoint_info before and after the sweep); None where it is off."""
+    return vllm_metrics.speculative(dict(before or {}), dict(after or {}))
+
+
 def operate_container_logs(results, loop_var):
     """``docker logs`` results of a loop as [{name: <container>.log, content}], streams merged."""
     files = []
@@ -95,6 +102,7 @@ OPERATIONS = {
     "status_report": operate_status_report,
     "status_lines": operate_status_lines,
     "bench_summary": operate_bench_summary,
+    "speculative": operate_speculative,
     "container_logs": operate_container_logs,
     "mask_secrets": operate_mask_secrets,
     "setting_errors": operate_setting_errors,

@@ -77,7 +77,8 @@ def setting_errors(settings: dict) -> list[str]:
 
 def scrape_config(settings: dict) -> dict:
     """prometheus.yml: vLLM on the head (bearer key from a file), Ray's export and the node
-    exporter on every node's fast-link address, each target labelled with its node."""
+    exporter on every node's fast-link address, each target labelled with its node; vLLM's
+    with the model profile it serves too (``profile``), where one is given."""
 
     def targets(port: int) -> list[dict]:
         return [
@@ -91,7 +92,8 @@ def scrape_config(settings: dict) -> dict:
         "static_configs": [
             {
                 "targets": [f"127.0.0.1:{settings['vllm_port']}"],
-                "labels": {"node": settings["head"]},
+                "labels": {"node": settings["head"]}
+                | ({"profile": settings["profile"]} if settings.get("profile") else {}),
             }
         ],
     }

@@ -321,6 +321,7 @@ def cluster_report(nodes: dict, head: str, endpoint: dict | None, ray: dict | No
         "watchdogs": watchdogs,
         "head": head,
         "url": settings.get("url"),
+        "profile": settings.get("profile"),
         "model": endpoint.get("model"),
         "health": health,
         "completion": completion,
@@ -424,6 +425,7 @@ def render(report: dict) -> list[str]:
         ["backend", f"{cluster['backend']} (head {cluster['head']})"],
         ["endpoint", f"{cluster.get('url') or '-'}  health " + (
             "ok" if health.get("ok") else str(health.get("error") or health.get("status")))],
+        ["profile", str(cluster.get("profile") or "-")],
         ["model", f"{model.get('id') or '-'}  ({model.get('root') or '-'}, "
                   f"max_model_len {model.get('max_model_len') or '-'})"],
         ["1-token completion", _number(completion.get("latency_ms"), " ms")

@@ -30,6 +30,10 @@ COUNTERS = {
     "prompt_tokens": "vllm:prompt_tokens_total",
     "generation_tokens": "vllm:generation_tokens_total",
     "preemptions": "vllm:num_preemptions_total",
+    # Speculative decoding (vLLM's spec_decode counters; absent where it is off).
+    "spec_drafts": "vllm:spec_decode_num_drafts_total",
+    "spec_draft_tokens": "vllm:spec_decode_num_draft_tokens_total",
+    "spec_accepted_tokens": "vllm:spec_decode_num_accepted_tokens_total",
 }
 # vLLM counts every request that left the engine in request_success_total, by finished_reason:
 # stop, length and repetition ended as asked; abort (the client went away or the server gave
@@ -99,7 +103,14 @@ def summarize(text: str, model: str | None = None) -> dict:
     result: dict = {}
     for key, name in {**GAUGES, **COUNTERS}.items():
         result[key] = _total(samples, name, model)
-    for key in ("running", "waiting", "preemptions"):
+    for key in (
+        "running",
+        "waiting",
+        "preemptions",
+        "spec_drafts",
+        "spec_draft_tokens",
+        "spec_accepted_tokens",
+    ):
         if result[key] is not None:
             result[key] = int(result[key])
     by_reason = requests_by_reason(samples, model)
@@ -139,6 +150,27 @@ def throughput(before: dict, after: dict, seconds: float, probe: dict | None = N
         rates[rate_key] = round(max(delta, 0.0) / seconds, 2)
     rates["interval_s"] = round(seconds, 3)
     return rates
+
+
+def speculative(before: dict, after: dict) -> dict | None:
+    """Speculative decoding between two ``summarize`` results: drafts, draft and accepted
+    tokens, the share of draft tokens accepted and the mean acceptance length (tokens a
+    verification step gives: 1 + accepted per draft). None where vLLM counts no drafts (off),
+    or the server restarted in between (a counter went down)."""
+    keys = ("spec_drafts", "spec_draft_tokens", "spec_accepted_tokens")
+    if any(before.get(k) is None or after.get(k) is None for k in keys):
+        return None
+    delta = {k: after[k] - before[k] for k in keys}
+    if any(v < 0 for v in delta.values()):
+        return None
+    drafts, drafted, accepted = (delta[k] for k in keys)
+    return {
+        "drafts": drafts,
+        "draft_tokens": drafted,
+        "accepted_tokens": accepted,
+        "acceptance_rate": round(accepted / drafted, 3) if drafted else None,
+        "mean_acceptance_length": round(1 + accepted / drafts, 2) if drafts else None,
+    }
 
 
 def busy_reason(before: dict | None, after: dict | None, seconds: float) -> str:

@@ -300,7 +300,7 @@ def _answers(nodes, key: str | None = None) -> bool:
     endpoint = drills.endpoint(
         f"http://{nodes[0].mgmt_ip}:8000", key or serve["vllm_serve_api_key"], timeout=30
     )
-    return endpoint.complete(serve["vllm_serve_served_model_name"], "spark").ok
+    return endpoint.complete(drills.SERVED_MODEL, "spark").ok
 
 
 # The no-op check's report task (roles/converge/tasks/main.yml), and how it opens on a no-op

@@ -13,13 +13,13 @@ import os
 import openai
 import pytest
 import yaml
-from conftest import INVENTORY, ROOT
+from conftest import INVENTORY, ROOT, drills
 
 SERVE = yaml.safe_load((INVENTORY / "group_vars/all/serve.yml").read_text())
 # The port every role reads (vllm_serve_port derives from it); the sim inventory keeps it.
 SHARED = yaml.safe_load((ROOT / "roles/spark_defaults/defaults/main.yml").read_text())
 PORT = SHARED["spark_serving_port"]
-MODEL = SERVE["vllm_serve_served_model_name"]
+MODEL = drills.SERVED_MODEL
 SCRIPT = json.loads((ROOT / "sim/models/conversations.json").read_text())
 CHATS = {chat["name"]: chat for chat in SCRIPT["chats"]}
 

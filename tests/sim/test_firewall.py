@@ -69,7 +69,7 @@ def completion(node) -> int:
     endpoint = drills.endpoint(
         f"http://{node.mgmt_ip}:{SERVING_PORT}", serve["vllm_serve_api_key"], timeout=60
     )
-    answer = endpoint.complete(serve["vllm_serve_served_model_name"], "spark", max_tokens=2)
+    answer = endpoint.complete(drills.SERVED_MODEL, "spark", max_tokens=2)
     if not answer.ok:
         pytest.fail(f"no completion from {node.mgmt_ip}:{SERVING_PORT}: {answer.reason}")
     return answer.usage["completion_tokens"]

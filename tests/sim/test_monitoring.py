@@ -51,7 +51,7 @@ def endpoint(head, key: str = SERVE["vllm_serve_api_key"]):
 
 
 def complete(head, prompt: str, max_tokens: int = 16) -> int:
-    answer = endpoint(head).complete(SERVE["vllm_serve_served_model_name"], prompt, max_tokens)
+    answer = endpoint(head).complete(drills.SERVED_MODEL, prompt, max_tokens)
     assert answer.ok, answer.reason
     return answer.usage["completion_tokens"]
 

@@ -24,7 +24,7 @@ from conftest import ROOT, drills, run_playbook
 
 SERVE = yaml.safe_load((ROOT / "inventories/sim/group_vars/all/serve.yml").read_text())
 KEY = SERVE["vllm_serve_api_key"]
-MODEL = SERVE["vllm_serve_served_model_name"]
+MODEL = drills.SERVED_MODEL
 ROTATED = "rotated-sim-key-0123"
 WAIT_TASK = "Wait until the pair serves, showing the start's progress"
 ROLLBACK_WAIT_TASK = "Wait until the previous configuration serves again, showing its progress"
@@ -39,23 +39,25 @@ def endpoint(nodes, key: str | None = None, timeout: float = 30):
     return drills.endpoint(base_url(nodes), key or "", timeout)
 
 
-def complete(nodes, key: str, timeout: float = 30) -> bool:
-    return endpoint(nodes, key, timeout).complete(MODEL, "spark").ok
+def complete(nodes, key: str, timeout: float = 30, model: str = MODEL) -> bool:
+    return endpoint(nodes, key, timeout).complete(model, "spark").ok
 
 
 class Client(threading.Thread):
-    """Asks for one token every half second with any of the keys; records when it worked."""
+    """Asks for one token every half second with any of the keys (of any of the models, the
+    inventory's by default); records when it worked."""
 
-    def __init__(self, nodes, keys: list[str]):
+    def __init__(self, nodes, keys: list[str], models: tuple[str, ...] = (MODEL,)):
         super().__init__(daemon=True)
-        self.nodes, self.keys = nodes, keys
+        self.nodes, self.keys, self.models = nodes, keys, models
         self.ok: list[float] = []
         self.failed = 0
         self.stop = threading.Event()
 
     def run(self):
         while not self.stop.is_set():
-            if any(complete(self.nodes, key, timeout=10) for key in self.keys):
+            if any(complete(self.nodes, key, timeout=10, model=model)
+                   for key in self.keys for model in self.models):  # fmt: skip
                 self.ok.append(time.monotonic())
             else:
                 self.failed += 1

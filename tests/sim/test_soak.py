@@ -20,7 +20,7 @@ import pytest
 from conftest import drills, run_playbook
 
 SERVE = drills.SERVE
-MODEL = SERVE["vllm_serve_served_model_name"]
+MODEL = drills.SERVED_MODEL
 KEY = SERVE["vllm_serve_api_key"]
 # The drill's limit: well under the watchdog's three probes 10 s apart on the sim.
 STALL_S = 10

@@ -24,7 +24,7 @@ from conftest import drills, on_node, run_playbook
 pytestmark = pytest.mark.drill
 
 SERVE = drills.SERVE
-MODEL = SERVE["vllm_serve_served_model_name"]
+MODEL = drills.SERVED_MODEL
 KEY = SERVE["vllm_serve_api_key"]
 WATCHDOG = "dgx-spark-watchdog"
 TEST_WATCHDOG = "dgx-spark-watchdog-busy"

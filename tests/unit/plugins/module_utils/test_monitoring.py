@@ -88,6 +88,16 @@ def test_scrape_config_sends_the_key_from_its_file_and_labels_every_node():
     assert "sim-only-key" not in json.dumps(config)
 
 
+def test_vllms_series_carry_the_model_profile():
+    config = monitoring.scrape_config(settings(profile="qwen3.5-122b-a10b-fp8"))
+    (vllm,) = [job for job in config["scrape_configs"] if job["job_name"] == "vllm"]
+    assert vllm["static_configs"][0]["labels"] == {
+        "node": "spark-1", "profile": "qwen3.5-122b-a10b-fp8",
+    }  # fmt: skip
+    node = [job for job in config["scrape_configs"] if job["job_name"] == "node"][0]
+    assert all("profile" not in c["labels"] for c in node["static_configs"])
+
+
 def test_no_key_no_authorization_and_ray_can_be_left_out():
     config = monitoring.scrape_config(settings(key_file="", ray_metrics=False))
     jobs = {job["job_name"]: job for job in config["scrape_configs"]}

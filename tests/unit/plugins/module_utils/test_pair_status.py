@@ -148,6 +148,13 @@ def _row(lines, name):
     return line.strip()[len(name) :].strip()
 
 
+def test_the_report_names_the_model_profile(answers):
+    report = _report(answers, settings={**SETTINGS, "profile": "sim-tiny-qwen3"})
+    assert report["cluster"]["profile"] == "sim-tiny-qwen3"
+    assert _row(pair_status.render(report), "profile") == "sim-tiny-qwen3"
+    assert _row(pair_status.render(_report(answers)), "profile") == "-"
+
+
 def test_render_shows_aborted_and_errored_requests_apart(answers):
     # The captured answers predate the split: vllm_endpoint_info gave requests_finished only.
     assert _row(pair_status.render(_report(answers)), "requests since start") == (

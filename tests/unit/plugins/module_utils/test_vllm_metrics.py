@@ -24,6 +24,9 @@ def test_idle_server():
         "prompt_tokens": 0.0,
         "generation_tokens": 0.0,
         "preemptions": 0,
+        "spec_drafts": None,
+        "spec_draft_tokens": None,
+        "spec_accepted_tokens": None,
         "requests_finished": 0,
         "requests_aborted": 0,
         "requests_errored": 0,
@@ -41,11 +44,38 @@ def test_server_after_a_benchmark():
         "prompt_tokens": 3145.0,
         "generation_tokens": 796.0,
         "preemptions": 0,
+        "spec_drafts": None,
+        "spec_draft_tokens": None,
+        "spec_accepted_tokens": None,
         "requests_finished": 46,
         "requests_aborted": 0,
         "requests_errored": 0,
         "requests_by_reason": {"stop": 0, "length": 46, "abort": 0, "error": 0, "repetition": 0},
     }
+
+
+def test_speculative_decodings_acceptance_between_two_scrapes():
+    """n-gram drafts on the sim's pair: 16 drafts of 2 tokens between the scrapes, 24 of the
+    32 draft tokens accepted."""
+    before = _summary("metrics_vllm_0.32_ngram_before.txt", "tiny-qwen3")
+    after = _summary("metrics_vllm_0.32_ngram_after.txt", "tiny-qwen3")
+    assert (before["spec_drafts"], before["spec_draft_tokens"]) == (4, 8)
+    assert vllm_metrics.speculative(before, after) == {
+        "drafts": 16,
+        "draft_tokens": 32,
+        "accepted_tokens": 24,
+        "acceptance_rate": 0.75,
+        "mean_acceptance_length": 2.5,
+    }
+
+
+def test_no_acceptance_without_speculative_decoding_or_across_a_restart():
+    idle = _summary("metrics_vllm_0.32_idle.txt")
+    assert vllm_metrics.speculative(idle, _summary("metrics_vllm_0.32_after_bench.txt")) is None
+    after = _summary("metrics_vllm_0.32_ngram_after.txt", "tiny-qwen3")
+    before = _summary("metrics_vllm_0.32_ngram_before.txt", "tiny-qwen3")
+    assert vllm_metrics.speculative(after, before) is None, "counters went down: a restart"
+    assert vllm_metrics.speculative(before, before)["acceptance_rate"] is None
 
 
 def test_aborted_and_errored_requests_are_not_counted_as_finished():

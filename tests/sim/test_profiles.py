@@ -1,0 +1,187 @@
+"""Model profiles on the running pair (inventories/sim/group_vars/all/model.yml): the sim's
+two tiny profiles are of different architectures, and the second (a dense Qwen3) is one the
+sim's base lacks and its donor has. Switching to it and back goes through the registry check,
+the hybrid build and the group's restart for real, under a client whose downtime is measured;
+a profile the images or the memory cannot serve is refused before anything changes.
+
+The module starts from the pair converged with the inventory (conftest's converge) and ends
+there: its last run switches back with the inventory's own profile, which the next module's
+converge then finds (a no-op).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from conftest import CONVERGE, converge, drills, node_image_id, on_node, run_playbook
+from test_serving import KEY, WAIT_TASK, Client
+from test_upgrade import ALIAS, containers, short
+
+SECOND = "sim-tiny-qwen3"
+SECOND_MODEL = "tiny-qwen3"
+MODELS = "/var/lib/dgx-spark/models"
+RECORD = "/var/lib/dgx-spark/converged.json"
+# The second profile, with speculative decoding on: its n-gram method with two tokens.
+SWITCH = ("-e", f"spark_model_profile={SECOND}", "-e", "spark_model_speculative_tokens=2")
+
+
+def served(nodes) -> list[str]:
+    models, error = drills.endpoint(f"http://{nodes[0].mgmt_ip}:8000", KEY, 30).models()
+    assert not error, error
+    return sorted(m["id"] for m in models)
+
+
+def model_dirs(node) -> set[str]:
+    return set(on_node(node, "ls", MODELS).stdout.split())
+
+
+def state(nodes) -> dict:
+    """What a refused run must leave as it was, on every node: the rank-holding containers
+    (image, ID, start), the alias, the weights' directories and the converge record."""
+    return {
+        n.name: {
+            "containers": containers(n),
+            "alias": node_image_id(n, ALIAS),
+            "models": model_dirs(n),
+            "record": on_node(n, "stat", "-c", "%Y %s", RECORD).stdout.strip(),
+        }
+        for n in nodes
+    }
+
+
+def ask(nodes, model: str, n: int = 6) -> None:
+    """Completions that repeat their prompt, so that the n-gram proposer finds drafts."""
+    client = drills.endpoint(f"http://{nodes[0].mgmt_ip}:8000", KEY, 60)
+    prompt = "spark node spark node spark node spark node"
+    for _ in range(n):
+        assert client.complete(model, prompt, max_tokens=16).ok
+
+
+@pytest.fixture(scope="module")
+def pair(request, sim, nodes):
+    converge(request.module.__name__, nodes)
+    return nodes
+
+
+def impossible(name: str, **change) -> tuple[str, ...]:
+    """-e for a profile of the inventory's first, changed as given (the inventory's own
+    profiles are replaced: this one alone is known)."""
+    import yaml
+    from conftest import INVENTORY
+
+    model = yaml.safe_load((INVENTORY / "group_vars/all/model.yml").read_text())
+    profile = json.loads(json.dumps(model["spark_model_profiles"][model["spark_model_profile"]]))
+    for section, values in change.items():
+        profile[section] = {**profile[section], **values}
+    profile["checkpoint"]["local_dir"] = "{{ inventory_dir }}/../../.sim/models/tiny-qwen3-moe"
+    given = {"spark_model_profile": name, "spark_model_profiles": {name: profile}}
+    return ("-e", json.dumps(given))
+
+
+@pytest.mark.parametrize(
+    ("change", "words"),
+    [
+        (
+            {"image": {"architectures": ["DgxsimNoSuchForCausalLM"]}},
+            "needs DgxsimNoSuchForCausalLM, which neither the base vllm-node:0.32.0-ray2.60.0 "
+            "nor the donor vllm-donor:0.32.0-cpu imports",
+        ),
+        ({"image": {"min_vllm": "99.0"}}, "has vLLM 0.32.0+cpu, older than 99.0"),
+        ({"memory": {"kv_cache_gib": 100000}}, "(model_cache_kv_cache_gib, from the profile)"),
+    ],
+    ids=["architecture", "vllm", "memory"],
+)
+def test_a_profile_the_pair_cannot_serve_is_refused_before_anything_changes(pair, change, words):
+    before = state(pair)
+    run = run_playbook("deploy.yml", *impossible("sim-impossible", **change))
+    assert run.rc != 0
+    message = "\n".join(run.failures())
+    assert words in message, message
+    assert "profile sim-impossible" in message or "model_cache_kv_cache_gib" in message, message
+    # Refused at preflight: no stage ran, nothing serving moved, no download, no record.
+    assert state(pair) == before
+    assert not [t for t in run.changed_tasks() if "Validate" not in t], run.changed_tasks()
+    print(f"\nrefused ({'/'.join(change)}): {run.seconds:.1f}s")
+
+
+def test_switching_profiles_moves_the_pair_and_back_under_a_client(pair):
+    nodes = pair
+    before = {n.name: containers(n) for n in nodes}
+    base_alias = {n.name: node_image_id(n, ALIAS) for n in nodes}
+    assert served(nodes) == [drills.SERVED_MODEL]
+
+    # 1. To the second profile: its architecture is not in the base, so the images stage
+    # builds the hybrid (the donor's vLLM under the base's Ray), its weights go next to the
+    # first's, and every rank moves to the new image in one restart of the group.
+    with Client(nodes, [KEY], (drills.SERVED_MODEL, SECOND_MODEL)) as client:
+        time.sleep(2)
+        run = run_playbook("deploy.yml", *SWITCH)
+        time.sleep(3)
+    assert run.rc == 0, run.failures() or run.raw[-3000:]
+    said = run.noop_report()
+    assert (
+        said.startswith(CONVERGE) and f"spark_model_profile: sim-tiny-qwen3-moe -> {SECOND}" in said
+    )
+    messages = run.messages()
+    assert f"serves profile {SECOND}" in messages, messages
+    assert "overlay" in messages, "the base lacks the architecture: a hybrid build"
+    assert served(nodes) == [SECOND_MODEL]
+    for node in nodes:
+        now = containers(node)
+        alias = node_image_id(node, ALIAS)
+        assert alias != base_alias[node.name], node.name
+        assert set(now) == set(before[node.name]), now
+        assert {c["image"] for c in now.values()} == {alias}, (node.name, now)
+        # The first profile's weights stay beside the second's.
+        assert model_dirs(node) >= {"tiny-qwen3-moe", SECOND_MODEL}, node.name
+    to_second, failed_to_second = client.longest_gap(), client.failed
+    start_second = [r for name, _h, r in run.results() if name == WAIT_TASK][-1]["seconds"]
+
+    # 2. Speculative decoding's plumbing: the n-gram method reaches vLLM, and the benchmark
+    # reports its acceptance from vLLM's counters; status and the results name the profile.
+    ask(nodes, SECOND_MODEL)
+    status = run_playbook("playbooks/status.yml")
+    assert status.rc == 0, status.failures()
+    assert f"profile  {SECOND}" in status.messages() or SECOND in status.messages()
+    bench = run_playbook(
+        "playbooks/benchmark.yml",
+        "-e", "operate_benchmark_results_dir=.cache/bench-profiles",
+        "-e", '{"operate_benchmark_concurrency": [1]}',
+        "-e", "operate_benchmark_min_prompts=4", "-e", "operate_benchmark_prompts_per_slot=2",
+    )  # fmt: skip
+    assert bench.rc == 0, bench.failures() or bench.raw[-3000:]
+    shown = bench.messages()
+    assert f"profile: {SECOND}" in shown, shown
+    assert "speculative decoding (ngram): " in shown and "draft tokens accepted" in shown, shown
+
+    # 3. Back to the inventory's profile: the base imports its architecture, so it is served
+    # as it is again; the second profile's weights stay until asked.
+    with Client(nodes, [KEY], (drills.SERVED_MODEL, SECOND_MODEL)) as client:
+        time.sleep(2)
+        back = run_playbook("deploy.yml")
+        time.sleep(3)
+    assert back.rc == 0, back.failures() or back.raw[-3000:]
+    assert served(nodes) == [drills.SERVED_MODEL]
+    for node in nodes:
+        assert node_image_id(node, ALIAS) == base_alias[node.name], node.name
+        assert {c["image"] for c in containers(node).values()} == {base_alias[node.name]}
+        assert model_dirs(node) >= {"tiny-qwen3-moe", SECOND_MODEL}, node.name
+    start_back = [r for name, _h, r in back.results() if name == WAIT_TASK][-1]["seconds"]
+
+    # 4. The kept weights go when asked, and the served ones are refused.
+    refused = run_playbook("playbooks/remove_weights.yml")
+    assert refused.rc != 0 and "holds the weights dgx-spark-vllm serves" in refused.messages()
+    removed = run_playbook("playbooks/remove_weights.yml", "-e", f"spark_model_profile={SECOND}")
+    assert removed.rc == 0, removed.failures()
+    for node in nodes:
+        assert "tiny-qwen3-moe" in model_dirs(node) and SECOND_MODEL not in model_dirs(node)
+    assert served(nodes) == [drills.SERVED_MODEL]
+    print(
+        f"\nprofiles: to {SECOND} {run.seconds:.0f}s (downtime {to_second:.0f}s, vLLM start "
+        f"{start_second:.0f}s, {failed_to_second} failed requests); back {back.seconds:.0f}s "
+        f"(downtime {client.longest_gap():.0f}s, vLLM start {start_back:.0f}s, "
+        f"{client.failed} failed requests); images {short(base_alias['spark-1'])} -> hybrid"
+    )
+    assert to_second <= start_second + 40 and client.longest_gap() <= start_back + 40
