@@ -100,7 +100,7 @@ MODULE_ORDER = (
     "test_pair", "test_tiny_model", "test_vllm_registry_info", "test_host_prep",
     "test_image_inputs", "test_image_report", "test_model_cache", "test_chat", "test_weights",
     "test_first_start", "test_collective", "test_nccl_choice", "test_operate", "test_soak",
-    "test_rerun", "test_check_mode", "test_container_settings", "test_firewall",
+    "test_profiles", "test_rerun", "test_check_mode", "test_container_settings", "test_firewall",
     "test_monitoring", "test_recovery", "test_watchdog_busy", "test_serving", "test_upgrade",
     "test_teardown",
 )  # fmt: skip

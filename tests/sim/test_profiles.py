@@ -15,9 +15,9 @@ import json
 import time
 
 import pytest
-from conftest import CONVERGE, converge, drills, node_image_id, on_node, run_playbook
+from conftest import CONVERGE, NOOP, converge, drills, node_image_id, on_node, run_playbook
 from test_serving import KEY, WAIT_TASK, Client
-from test_upgrade import ALIAS, containers, short
+from test_upgrade import ALIAS, NCCL_STAMP, containers, short
 
 SECOND = "sim-tiny-qwen3"
 SECOND_MODEL = "tiny-qwen3"
@@ -107,46 +107,69 @@ def test_a_profile_the_pair_cannot_serve_is_refused_before_anything_changes(pair
 
 
 def test_switching_profiles_moves_the_pair_and_back_under_a_client(pair):
+    """Also what an owner's new image does to the running pair (the images stage alone moves
+    the alias and nothing that serves; the no-op check and status see the ranks behind it; the
+    next deploy.yml moves every rank in one restart), and the NCCL answer judged again on the
+    image the ranks are to run."""
     nodes = pair
+    models = (drills.SERVED_MODEL, SECOND_MODEL)
     before = {n.name: containers(n) for n in nodes}
     base_alias = {n.name: node_image_id(n, ALIAS) for n in nodes}
     assert served(nodes) == [drills.SERVED_MODEL]
 
-    # 1. To the second profile: its architecture is not in the base, so the images stage
-    # builds the hybrid (the donor's vLLM under the base's Ray), its weights go next to the
-    # first's, and every rank moves to the new image in one restart of the group.
-    with Client(nodes, [KEY], (drills.SERVED_MODEL, SECOND_MODEL)) as client:
+    # 1. The images stage alone: its architecture is not in the base, so it builds the hybrid
+    # (the donor's vLLM under the base's Ray) and points the alias at it; nothing that serves
+    # notices.
+    with Client(nodes, [KEY], models) as client:
+        time.sleep(2)
+        images = run_playbook("playbooks/images.yml", *SWITCH)
+        time.sleep(2)
+    assert images.rc == 0, images.failures() or images.raw[-3000:]
+    assert client.failed == 0, client.failed
+    assert f"serves profile {SECOND}" in images.messages() and "overlay" in images.messages()
+    assert {n.name: containers(n) for n in nodes} == before
+    alias = {n.name: node_image_id(n, ALIAS) for n in nodes}
+    assert all(alias[n] != base_alias[n] for n in alias), (alias, base_alias)
+
+    # 2. What the rerun and status see: the ranks on the image before the alias.
+    said = run_playbook("playbooks/noop.yml", *SWITCH).noop_report()
+    assert said.startswith(CONVERGE), said
+    assert f"spark_model_profile: sim-tiny-qwen3-moe -> {SECOND}" in said, said
+    for node in nodes:
+        for name in before[node.name]:
+            assert (
+                f"{node.name}: {ALIAS} is {short(alias[node.name])} but {name} runs "
+                f"{short(before[node.name][name]['image'])}" in said
+            ), said
+    status = run_playbook("playbooks/status.yml", *SWITCH)
+    assert status.rc != 0 and "the ranks are not on one image" in status.messages()
+
+    # 3. deploy.yml: the second profile's weights go next to the first's, and every rank moves
+    # to the hybrid in one restart of the group, serving the second model.
+    with Client(nodes, [KEY], models) as client:
         time.sleep(2)
         run = run_playbook("deploy.yml", *SWITCH)
         time.sleep(3)
     assert run.rc == 0, run.failures() or run.raw[-3000:]
-    said = run.noop_report()
-    assert (
-        said.startswith(CONVERGE) and f"spark_model_profile: sim-tiny-qwen3-moe -> {SECOND}" in said
-    )
-    messages = run.messages()
-    assert f"serves profile {SECOND}" in messages, messages
-    assert "overlay" in messages, "the base lacks the architecture: a hybrid build"
+    assert run.noop_report().startswith(CONVERGE)
     assert served(nodes) == [SECOND_MODEL]
     for node in nodes:
         now = containers(node)
-        alias = node_image_id(node, ALIAS)
-        assert alias != base_alias[node.name], node.name
         assert set(now) == set(before[node.name]), now
-        assert {c["image"] for c in now.values()} == {alias}, (node.name, now)
-        # The first profile's weights stay beside the second's.
+        assert {c["image"] for c in now.values()} == {alias[node.name]}, (node.name, now)
         assert model_dirs(node) >= {"tiny-qwen3-moe", SECOND_MODEL}, node.name
+    assert not [t for t in run.changed_tasks() if "host_prep" in t], run.changed_tasks()
     to_second, failed_to_second = client.longest_gap(), client.failed
     start_second = [r for name, _h, r in run.results() if name == WAIT_TASK][-1]["seconds"]
 
-    # 2. Speculative decoding's plumbing: the n-gram method reaches vLLM, and the benchmark
+    # 4. Speculative decoding's plumbing: the n-gram method reaches vLLM, and the benchmark
     # reports its acceptance from vLLM's counters; status and the results name the profile.
     ask(nodes, SECOND_MODEL)
-    status = run_playbook("playbooks/status.yml")
+    status = run_playbook("playbooks/status.yml", *SWITCH)
     assert status.rc == 0, status.failures()
-    assert f"profile  {SECOND}" in status.messages() or SECOND in status.messages()
+    assert f"profile {SECOND}" in " ".join(status.messages().split()), status.messages()
     bench = run_playbook(
-        "playbooks/benchmark.yml",
+        "playbooks/benchmark.yml", *SWITCH,
         "-e", "operate_benchmark_results_dir=.cache/bench-profiles",
         "-e", '{"operate_benchmark_concurrency": [1]}',
         "-e", "operate_benchmark_min_prompts=4", "-e", "operate_benchmark_prompts_per_slot=2",
@@ -156,21 +179,33 @@ def test_switching_profiles_moves_the_pair_and_back_under_a_client(pair):
     assert f"profile: {SECOND}" in shown, shown
     assert "speculative decoding (ngram): " in shown and "draft tokens accepted" in shown, shown
 
-    # 3. Back to the inventory's profile: the base imports its architecture, so it is served
-    # as it is again; the second profile's weights stay until asked.
-    with Client(nodes, [KEY], (drills.SERVED_MODEL, SECOND_MODEL)) as client:
+    # 5. Back to the inventory's profile, first up to the ray stage: the images stage points
+    # the alias at the base again (its own vLLM imports the first architecture), and the ray
+    # stage judges NCCL again on that image and keeps its answer; the ranks stay where they
+    # are until the serve stage.
+    for node in nodes:
+        on_node(node, "rm", "-f", NCCL_STAMP)
+    upto = run_playbook("deploy.yml", "--tags", "images,ray")
+    assert upto.rc == 0, upto.failures() or upto.raw[-3000:]
+    for node in nodes:
+        assert node_image_id(node, ALIAS) == base_alias[node.name], node.name
+        assert {c["image"] for c in containers(node).values()} == {alias[node.name]}, node.name
+        stamp = json.loads(on_node(node, "cat", NCCL_STAMP).stdout)
+        assert stamp["inputs"]["image_id"] == base_alias[node.name] and stamp["result"], stamp
+    with Client(nodes, [KEY], models) as client:
         time.sleep(2)
         back = run_playbook("deploy.yml")
         time.sleep(3)
     assert back.rc == 0, back.failures() or back.raw[-3000:]
     assert served(nodes) == [drills.SERVED_MODEL]
     for node in nodes:
-        assert node_image_id(node, ALIAS) == base_alias[node.name], node.name
         assert {c["image"] for c in containers(node).values()} == {base_alias[node.name]}
         assert model_dirs(node) >= {"tiny-qwen3-moe", SECOND_MODEL}, node.name
     start_back = [r for name, _h, r in back.results() if name == WAIT_TASK][-1]["seconds"]
+    again = run_playbook("deploy.yml")
+    assert again.rc == 0 and again.noop_report().startswith(NOOP), again.noop_report()
 
-    # 4. The kept weights go when asked, and the served ones are refused.
+    # 6. The kept weights go when asked, and the served ones are refused.
     refused = run_playbook("playbooks/remove_weights.yml")
     assert refused.rc != 0 and "holds the weights dgx-spark-vllm serves" in refused.messages()
     removed = run_playbook("playbooks/remove_weights.yml", "-e", f"spark_model_profile={SECOND}")
@@ -179,9 +214,10 @@ def test_switching_profiles_moves_the_pair_and_back_under_a_client(pair):
         assert "tiny-qwen3-moe" in model_dirs(node) and SECOND_MODEL not in model_dirs(node)
     assert served(nodes) == [drills.SERVED_MODEL]
     print(
-        f"\nprofiles: to {SECOND} {run.seconds:.0f}s (downtime {to_second:.0f}s, vLLM start "
-        f"{start_second:.0f}s, {failed_to_second} failed requests); back {back.seconds:.0f}s "
+        f"\nprofiles: images.yml {images.seconds:.0f}s (0 failed requests); to {SECOND} "
+        f"{run.seconds:.0f}s (downtime {to_second:.0f}s, vLLM start {start_second:.0f}s, "
+        f"{failed_to_second} failed requests); back {upto.seconds + back.seconds:.0f}s "
         f"(downtime {client.longest_gap():.0f}s, vLLM start {start_back:.0f}s, "
-        f"{client.failed} failed requests); images {short(base_alias['spark-1'])} -> hybrid"
+        f"{client.failed} failed requests); no-op {again.seconds:.1f}s"
     )
     assert to_second <= start_second + 40 and client.longest_gap() <= start_back + 40
