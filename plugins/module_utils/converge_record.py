@@ -46,7 +46,8 @@ NO_RECORD = "no record of a converge on this node"
 ITEMS = ("images", "files", "trees", "tables")
 LEFT = (*ITEMS, "containers")
 # A setting whose value the record keeps as a digest only.
-SECRET = re.compile(r"(key|password|passwd|token|secret)", re.IGNORECASE)
+# A setting whose name ends so: spark_model_speculative_tokens is a count, not a secret.
+SECRET = re.compile(r"(key|password|passwd|token|secret)$", re.IGNORECASE)
 
 
 def short(image_id: str) -> str:

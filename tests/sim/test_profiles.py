@@ -16,7 +16,7 @@ import time
 
 import pytest
 from conftest import CONVERGE, NOOP, converge, drills, node_image_id, on_node, run_playbook
-from test_serving import KEY, WAIT_TASK, Client
+from test_serving import KEY, Client, vllm_start_seconds
 from test_upgrade import ALIAS, NCCL_STAMP, containers, short
 
 SECOND = "sim-tiny-qwen3"
@@ -103,7 +103,7 @@ def test_a_profile_the_pair_cannot_serve_is_refused_before_anything_changes(pair
     # Refused at preflight: no stage ran, nothing serving moved, no download, no record.
     assert state(pair) == before
     assert not [t for t in run.changed_tasks() if "Validate" not in t], run.changed_tasks()
-    print(f"\nrefused ({'/'.join(change)}): {run.seconds:.1f}s")
+    print(f"\nrefused ({words[:40]}...): {run.seconds:.1f}s")
 
 
 def test_switching_profiles_moves_the_pair_and_back_under_a_client(pair):
@@ -160,7 +160,7 @@ def test_switching_profiles_moves_the_pair_and_back_under_a_client(pair):
         assert model_dirs(node) >= {"tiny-qwen3-moe", SECOND_MODEL}, node.name
     assert not [t for t in run.changed_tasks() if "host_prep" in t], run.changed_tasks()
     to_second, failed_to_second = client.longest_gap(), client.failed
-    start_second = [r for name, _h, r in run.results() if name == WAIT_TASK][-1]["seconds"]
+    start_second = vllm_start_seconds(run)
 
     # 4. Speculative decoding's plumbing: the n-gram method reaches vLLM, and the benchmark
     # reports its acceptance from vLLM's counters; status and the results name the profile.
@@ -201,7 +201,7 @@ def test_switching_profiles_moves_the_pair_and_back_under_a_client(pair):
     for node in nodes:
         assert {c["image"] for c in containers(node).values()} == {base_alias[node.name]}
         assert model_dirs(node) >= {"tiny-qwen3-moe", SECOND_MODEL}, node.name
-    start_back = [r for name, _h, r in back.results() if name == WAIT_TASK][-1]["seconds"]
+    start_back = vllm_start_seconds(back)
     again = run_playbook("deploy.yml")
     assert again.rc == 0 and again.noop_report().startswith(NOOP), again.noop_report()
 
@@ -221,3 +221,37 @@ def test_switching_profiles_moves_the_pair_and_back_under_a_client(pair):
         f"{client.failed} failed requests); no-op {again.seconds:.1f}s"
     )
     assert to_second <= start_second + 40 and client.longest_gap() <= start_back + 40
+
+
+@pytest.mark.drill
+def test_a_switch_whose_start_fails_rolls_back_to_the_previous_profile(pair):
+    """The second profile with an environment under which its engine cannot start (it loads no
+    platform plugin, so the CPU platform has no Ray device key; test_upgrade's drill uses the
+    same): the group is rolled back to the previous containers, image and model, whose
+    weights a switch keeps."""
+    nodes = pair
+    before = {n.name: containers(n) for n in nodes}
+    failing = impossible(SECOND, env={"VLLM_PLUGINS": "dgxsim-test-no-such-plugin"})
+    given = json.loads(failing[1])
+    profile = given["spark_model_profiles"][SECOND]
+    profile["image"]["architectures"] = ["Qwen3ForCausalLM"]
+    profile["serve"]["served_model_name"] = SECOND_MODEL
+    profile["checkpoint"]["local_dir"] = "{{ inventory_dir }}/../../.sim/models/tiny-qwen3"
+    with Client(nodes, [KEY], (drills.SERVED_MODEL, SECOND_MODEL)) as client:
+        time.sleep(2)
+        run = run_playbook("deploy.yml", "-e", json.dumps(given))
+        time.sleep(3)
+    assert run.rc != 0
+    message = "\n".join(run.failures())
+    assert "Rolled back: the previous containers serve again" in message, message
+    assert served(nodes) == [drills.SERVED_MODEL]
+    for node in nodes:
+        now = containers(node)
+        assert set(now) == set(before[node.name]), now
+        assert {c["image"] for c in now.values()} == {
+            c["image"] for c in before[node.name].values()
+        }, node.name
+    print(
+        f"\nprofile rollback: deploy.yml {run.seconds:.0f}s, downtime "
+        f"{client.longest_gap():.0f}s, {client.failed} failed requests"
+    )

@@ -60,6 +60,20 @@ def test_the_node_as_the_last_converge_left_it_is_a_no_op():
     assert dr.read_converge_record(json.dumps(RECORD)) == RECORD
 
 
+def test_a_count_of_tokens_is_not_a_secret():
+    """Only a name that ends as a secret's does (vllm_serve_api_key, model_cache_hf_token):
+    spark_model_speculative_tokens and vllm_serve_max_num_batched_tokens keep their values."""
+    kept = dr.recorded_inputs(
+        {"spark_model_speculative_tokens": 2, "vllm_serve_max_num_batched_tokens": 8192,
+         "model_cache_hf_token": "hf_x", "ray_cluster_auth_token": "t"},
+        {},
+    )["settings"]  # fmt: skip
+    assert kept["spark_model_speculative_tokens"] == 2
+    assert kept["vllm_serve_max_num_batched_tokens"] == 8192
+    assert kept["model_cache_hf_token"].startswith("sha256:")
+    assert kept["ray_cluster_auth_token"].startswith("sha256:")
+
+
 def test_the_record_keeps_the_values_and_only_a_digest_of_a_secret():
     settings = RECORD["inputs"]["settings"]
     assert settings["vllm_serve_max_model_len"] == 512
