@@ -15,7 +15,16 @@ import json
 import time
 
 import pytest
-from conftest import CONVERGE, NOOP, converge, drills, node_image_id, on_node, run_playbook
+from conftest import (
+    CONVERGE,
+    DEPLOYS_LOG,
+    NOOP,
+    converge,
+    drills,
+    node_image_id,
+    on_node,
+    run_playbook,
+)
 from test_serving import KEY, Client, vllm_start_seconds
 from test_upgrade import ALIAS, NCCL_STAMP, containers, short
 
@@ -103,7 +112,9 @@ def test_a_profile_the_pair_cannot_serve_is_refused_before_anything_changes(pair
     # Refused at preflight: no stage ran, nothing serving moved, no download, no record.
     assert state(pair) == before
     assert not [t for t in run.changed_tasks() if "Validate" not in t], run.changed_tasks()
-    print(f"\nrefused ({words[:40]}...): {run.seconds:.1f}s")
+    with DEPLOYS_LOG.open("a", encoding="utf-8") as log:
+        log.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} test_profiles: refused in "
+                  f"{run.seconds:.1f}s: {words}\n")  # fmt: skip
 
 
 def test_switching_profiles_moves_the_pair_and_back_under_a_client(pair):
@@ -213,13 +224,16 @@ def test_switching_profiles_moves_the_pair_and_back_under_a_client(pair):
     for node in nodes:
         assert "tiny-qwen3-moe" in model_dirs(node) and SECOND_MODEL not in model_dirs(node)
     assert served(nodes) == [drills.SERVED_MODEL]
-    print(
-        f"\nprofiles: images.yml {images.seconds:.0f}s (0 failed requests); to {SECOND} "
+    figures = (
+        f"profiles: images.yml {images.seconds:.0f}s (0 failed requests); to {SECOND} "
         f"{run.seconds:.0f}s (downtime {to_second:.0f}s, vLLM start {start_second:.0f}s, "
         f"{failed_to_second} failed requests); back {upto.seconds + back.seconds:.0f}s "
         f"(downtime {client.longest_gap():.0f}s, vLLM start {start_back:.0f}s, "
         f"{client.failed} failed requests); no-op {again.seconds:.1f}s"
     )
+    print(f"\n{figures}")
+    with DEPLOYS_LOG.open("a", encoding="utf-8") as log:  # kept whether or not pytest shows it
+        log.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} test_profiles: {figures}\n")
     assert to_second <= start_second + 40 and client.longest_gap() <= start_back + 40
 
 
