@@ -190,19 +190,11 @@ def test_switching_profiles_moves_the_pair_and_back_under_a_client(pair):
     assert f"profile: {SECOND}" in shown, shown
     assert "speculative decoding (ngram): " in shown and "draft tokens accepted" in shown, shown
 
-    # 5. Back to the inventory's profile, first up to the ray stage: the images stage points
-    # the alias at the base again (its own vLLM imports the first architecture), and the ray
-    # stage judges NCCL again on that image and keeps its answer; the ranks stay where they
-    # are until the serve stage.
+    # 5. Back to the inventory's profile: the images stage points the alias at the base again
+    # (its own vLLM imports the first architecture), the ray stage judges NCCL again on that
+    # image and keeps its answer, and every rank moves back.
     for node in nodes:
         on_node(node, "rm", "-f", NCCL_STAMP)
-    upto = run_playbook("deploy.yml", "--tags", "images,ray")
-    assert upto.rc == 0, upto.failures() or upto.raw[-3000:]
-    for node in nodes:
-        assert node_image_id(node, ALIAS) == base_alias[node.name], node.name
-        assert {c["image"] for c in containers(node).values()} == {alias[node.name]}, node.name
-        stamp = json.loads(on_node(node, "cat", NCCL_STAMP).stdout)
-        assert stamp["inputs"]["image_id"] == base_alias[node.name] and stamp["result"], stamp
     with Client(nodes, [KEY], models) as client:
         time.sleep(2)
         back = run_playbook("deploy.yml")
@@ -210,8 +202,11 @@ def test_switching_profiles_moves_the_pair_and_back_under_a_client(pair):
     assert back.rc == 0, back.failures() or back.raw[-3000:]
     assert served(nodes) == [drills.SERVED_MODEL]
     for node in nodes:
+        assert node_image_id(node, ALIAS) == base_alias[node.name], node.name
         assert {c["image"] for c in containers(node).values()} == {base_alias[node.name]}
         assert model_dirs(node) >= {"tiny-qwen3-moe", SECOND_MODEL}, node.name
+        stamp = json.loads(on_node(node, "cat", NCCL_STAMP).stdout)
+        assert stamp["inputs"]["image_id"] == base_alias[node.name] and stamp["result"], stamp
     start_back = vllm_start_seconds(back)
     again = run_playbook("deploy.yml")
     assert again.rc == 0 and again.noop_report().startswith(NOOP), again.noop_report()
@@ -227,7 +222,7 @@ def test_switching_profiles_moves_the_pair_and_back_under_a_client(pair):
     figures = (
         f"profiles: images.yml {images.seconds:.0f}s (0 failed requests); to {SECOND} "
         f"{run.seconds:.0f}s (downtime {to_second:.0f}s, vLLM start {start_second:.0f}s, "
-        f"{failed_to_second} failed requests); back {upto.seconds + back.seconds:.0f}s "
+        f"{failed_to_second} failed requests); back {back.seconds:.0f}s "
         f"(downtime {client.longest_gap():.0f}s, vLLM start {start_back:.0f}s, "
         f"{client.failed} failed requests); no-op {again.seconds:.1f}s"
     )
