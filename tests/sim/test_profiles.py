@@ -230,37 +230,3 @@ def test_switching_profiles_moves_the_pair_and_back_under_a_client(pair):
     with DEPLOYS_LOG.open("a", encoding="utf-8") as log:  # kept whether or not pytest shows it
         log.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} test_profiles: {figures}\n")
     assert to_second <= start_second + 40 and client.longest_gap() <= start_back + 40
-
-
-@pytest.mark.drill
-def test_a_switch_whose_start_fails_rolls_back_to_the_previous_profile(pair):
-    """The second profile with an environment under which its engine cannot start (it loads no
-    platform plugin, so the CPU platform has no Ray device key; test_upgrade's drill uses the
-    same): the group is rolled back to the previous containers, image and model, whose
-    weights a switch keeps."""
-    nodes = pair
-    before = {n.name: containers(n) for n in nodes}
-    failing = impossible(SECOND, env={"VLLM_PLUGINS": "dgxsim-test-no-such-plugin"})
-    given = json.loads(failing[1])
-    profile = given["spark_model_profiles"][SECOND]
-    profile["image"]["architectures"] = ["Qwen3ForCausalLM"]
-    profile["serve"]["served_model_name"] = SECOND_MODEL
-    profile["checkpoint"]["local_dir"] = "{{ inventory_dir }}/../../.sim/models/tiny-qwen3"
-    with Client(nodes, [KEY], (drills.SERVED_MODEL, SECOND_MODEL)) as client:
-        time.sleep(2)
-        run = run_playbook("deploy.yml", "-e", json.dumps(given))
-        time.sleep(3)
-    assert run.rc != 0
-    message = "\n".join(run.failures())
-    assert "Rolled back: the previous containers serve again" in message, message
-    assert served(nodes) == [drills.SERVED_MODEL]
-    for node in nodes:
-        now = containers(node)
-        assert set(now) == set(before[node.name]), now
-        assert {c["image"] for c in now.values()} == {
-            c["image"] for c in before[node.name].values()
-        }, node.name
-    print(
-        f"\nprofile rollback: deploy.yml {run.seconds:.0f}s, downtime "
-        f"{client.longest_gap():.0f}s, {client.failed} failed requests"
-    )
