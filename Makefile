@@ -68,7 +68,9 @@ sim-clean: venv
 
 # The sim tests but the drills (tests marked `drill`: faults and failed starts, each a restart
 # or two of the group); test-drills runs those alone, on the pair whatever it serves.
-SIM_TESTS := $(BIN)/pytest -q --durations=40 tests/sim
+# An assertion's message is printed whole (pytest shortens it to 240 characters otherwise:
+# a failed start's phase and last log line sit in the middle of a long one).
+SIM_TESTS := $(BIN)/pytest -q --durations=40 -o verbosity_assertions=2 tests/sim
 
 sim-test: sim-up
 	$(SIM_TESTS) -m "not drill"

@@ -190,9 +190,19 @@ def test_switching_profiles_moves_the_pair_and_back_under_a_client(pair):
     assert f"profile: {SECOND}" in shown, shown
     assert "speculative decoding (ngram): " in shown and "draft tokens accepted" in shown, shown
 
-    # 5. Back to the inventory's profile: the images stage points the alias at the base again
-    # (its own vLLM imports the first architecture), the ray stage judges NCCL again on that
-    # image and keeps its answer, and every rank moves back.
+    # 5. The kept weights go when asked, and the served ones are refused: while the second
+    # profile serves, its weights stay and the first's go (the way back places them again).
+    refused = run_playbook("playbooks/remove_weights.yml", *SWITCH)
+    assert refused.rc != 0 and "holds the weights dgx-spark-vllm serves" in refused.messages()
+    removed = run_playbook("playbooks/remove_weights.yml")
+    assert removed.rc == 0, removed.failures()
+    for node in nodes:
+        assert "tiny-qwen3-moe" not in model_dirs(node) and SECOND_MODEL in model_dirs(node)
+
+    # 6. Back to the inventory's profile: its weights are placed again, the images stage
+    # points the alias at the base again (its own vLLM imports the first architecture), the
+    # ray stage judges NCCL again on that image and keeps its answer, and every rank moves
+    # back. The second profile's weights stay: the next run is a no-op.
     for node in nodes:
         on_node(node, "rm", "-f", NCCL_STAMP)
     with Client(nodes, [KEY], models) as client:
@@ -211,13 +221,6 @@ def test_switching_profiles_moves_the_pair_and_back_under_a_client(pair):
     again = run_playbook("deploy.yml")
     assert again.rc == 0 and again.noop_report().startswith(NOOP), again.noop_report()
 
-    # 6. The kept weights go when asked, and the served ones are refused.
-    refused = run_playbook("playbooks/remove_weights.yml")
-    assert refused.rc != 0 and "holds the weights dgx-spark-vllm serves" in refused.messages()
-    removed = run_playbook("playbooks/remove_weights.yml", "-e", f"spark_model_profile={SECOND}")
-    assert removed.rc == 0, removed.failures()
-    for node in nodes:
-        assert "tiny-qwen3-moe" in model_dirs(node) and SECOND_MODEL not in model_dirs(node)
     assert served(nodes) == [drills.SERVED_MODEL]
     figures = (
         f"profiles: images.yml {images.seconds:.0f}s (0 failed requests); to {SECOND} "
