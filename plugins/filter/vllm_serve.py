@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
 from ansible_collections.dgx_spark.cluster.plugins.module_utils import (
+    ray_status,
     spark_memory,
     vllm_command,
     vllm_start,
@@ -83,14 +84,19 @@ NO_WAIT = "its wait did not run, as a node failed before it (that node's error i
 
 
 def vllm_serve_failed_start(wait, image, image_id, restart_reason, rolled_back, back=None,
-                            previous_image="", rollback_enabled=True):  # fmt: skip
-    """The failed start's message: what vLLM refused, and which rollback branch followed."""
+                            previous_image="", rollback_enabled=True, ray=None):  # fmt: skip
+    """The failed start's message: what vLLM refused, and which rollback branch followed.
+    ``ray``: under the Ray executor, {text, nodes}: `ray status` on the head when the wait
+    ended, and how many nodes the group has (None: not read)."""
     wait, back = dict(wait or {}), dict(back or {})
     said = f"{wait.get('reason') or ''}\n{wait.get('excerpt') or ''}\n{wait.get('text') or ''}"
+    causes = [spark_memory.refusal_advice(said)]
+    if ray:
+        causes.append(ray_status.failed_start_view(str(ray["text"]), int(ray["nodes"])))
     return vllm_start.failed_start_message(
         image=str(image), image_id=str(image_id), restart_reason=str(restart_reason),
         reason=str(wait.get("reason") or NO_WAIT), excerpt=str(wait.get("excerpt") or ""),
-        cause=spark_memory.refusal_advice(said),
+        cause=". ".join(c for c in causes if c),
         rolled_back=bool(rolled_back), back_healthy=bool(back.get("healthy")),
         back_reason=str(back.get("reason") or ""), previous_image=str(previous_image or ""),
         rollback_enabled=bool(rollback_enabled),

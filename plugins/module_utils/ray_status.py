@@ -26,6 +26,7 @@ def parse(text: str) -> dict:
     alive = pending = 0
     node_ids: list[str] = []
     resources: dict[str, dict] = {}
+    demands: list[str] = []
     seen_nodes = False
     for line in text.splitlines():
         header = _SECTION.match(line.strip())
@@ -48,6 +49,9 @@ def parse(text: str) -> dict:
             else:
                 alive += int(match.group(1))
                 node_ids.append(match.group(2))
+        elif section in ("Pending Demands", "Total Demands"):
+            if not line.strip().startswith("("):  # "(no resource demands)"
+                demands.append(line.strip())
         elif section in ("Usage", "Total Usage"):
             match = _RESOURCE.match(line)
             if match:
@@ -65,4 +69,22 @@ def parse(text: str) -> dict:
         "gpus_total": gpus["total"],
         "gpus_used": gpus["used"],
         "resources": resources,
+        "demands": demands,
     }
+
+
+def failed_start_view(text: str, expected_nodes: int) -> str:
+    """Ray's view when a start under its executor did not serve, in one sentence: the nodes
+    alive against those expected, the GPUs in use, and what waits for resources (a
+    placement group that cannot be placed: a node missing, or GPUs an earlier group holds)."""
+    parsed = parse(text)
+    if not parsed["parsed"]:
+        last = [line.strip() for line in text.strip().splitlines() if line.strip()][-1:]
+        return f"Ray then: its status was not readable ({last[0] if last else 'no output'})"
+    said = (
+        f"Ray then: {parsed['alive_nodes']} of {expected_nodes} nodes alive, "
+        f"{parsed['gpus_used']:g} of {parsed['gpus_total']:g} GPUs in use"
+    )
+    if parsed["demands"]:
+        said += "; waiting for resources: " + "; ".join(parsed["demands"])
+    return said

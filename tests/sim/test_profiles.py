@@ -34,6 +34,9 @@ MODELS = "/var/lib/dgx-spark/models"
 RECORD = "/var/lib/dgx-spark/converged.json"
 # The second profile, with speculative decoding on: its n-gram method with two tokens.
 SWITCH = ("-e", f"spark_model_profile={SECOND}", "-e", "spark_model_speculative_tokens=2")
+# A VLLM_PLUGINS that names no plugin the image has: vLLM's engine does not start under it.
+BROKEN_PLUGINS = "dgxsim-test-no-such-plugin"
+GENERATION_LABEL = '{{index .Config.Labels "dgx_spark.cluster.generation"}}'
 
 
 def served(nodes) -> list[str]:
@@ -233,3 +236,45 @@ def test_switching_profiles_moves_the_pair_and_back_under_a_client(pair):
     with DEPLOYS_LOG.open("a", encoding="utf-8") as log:  # kept whether or not pytest shows it
         log.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} test_profiles: {figures}\n")
     assert to_second <= start_second + 40 and client.longest_gap() <= start_back + 40
+
+
+@pytest.mark.drill
+def test_a_switch_whose_start_fails_rolls_back_to_the_previous_profile(pair):
+    """The second profile with an environment under which its engine cannot start (it loads no
+    platform plugin, so the CPU platform has no Ray device key; test_upgrade's drill bakes the
+    same into an image): the group goes back to the previous containers, image, model and
+    environment, whose weights a switch keeps."""
+    nodes = pair
+    before = {n.name: containers(n) for n in nodes}
+    generation = on_node(nodes[0], "docker", "inspect", "-f", GENERATION_LABEL, "dgx-spark-vllm")
+    failing = impossible(SECOND, env={"VLLM_PLUGINS": BROKEN_PLUGINS})
+    given = json.loads(failing[1])
+    profile = given["spark_model_profiles"][SECOND]
+    profile["image"]["architectures"] = ["Qwen3ForCausalLM"]
+    profile["serve"]["served_model_name"] = SECOND_MODEL
+    profile["checkpoint"]["local_dir"] = "{{ inventory_dir }}/../../.sim/models/tiny-qwen3"
+    with Client(nodes, [KEY], (drills.SERVED_MODEL, SECOND_MODEL)) as client:
+        time.sleep(2)
+        run = run_playbook("deploy.yml", "-e", json.dumps(given))
+        time.sleep(3)
+    assert run.rc != 0
+    message = "\n".join(run.failures())
+    assert "ValueError: current platform cpu does not support ray" in message, message
+    assert "Rolled back: the previous containers serve again" in message, message
+    assert served(nodes) == [drills.SERVED_MODEL]
+    for node in nodes:
+        now = containers(node)
+        assert set(now) == set(before[node.name]), now
+        assert {c["image"] for c in now.values()} == {
+            c["image"] for c in before[node.name].values()
+        }, node.name
+    # The previous driver, made again beside the moved-back Ray containers: its configuration
+    # (generation) and its environment, not the failed run's.
+    env = on_node(nodes[0], "docker", "inspect", "-f", "{{json .Config.Env}}", "dgx-spark-vllm")
+    assert BROKEN_PLUGINS not in env.stdout, env.stdout
+    again = on_node(nodes[0], "docker", "inspect", "-f", GENERATION_LABEL, "dgx-spark-vllm")
+    assert again.stdout == generation.stdout
+    print(
+        f"\nprofile rollback: deploy.yml {run.seconds:.0f}s, downtime "
+        f"{client.longest_gap():.0f}s, {client.failed} failed requests"
+    )

@@ -44,3 +44,22 @@ def test_a_head_that_failed_before_its_wait_is_named_not_left_blank():
     said = FAILED_START({}, "dgx-spark/vllm-serving:current", "", "the key changed", False, {})
     assert "(the key changed): its wait did not run, as a node failed before it" in said, said
     assert said.endswith("nothing to roll back to.")
+
+
+def test_a_start_under_the_ray_executor_says_what_ray_saw():
+    from pathlib import Path
+
+    from support.captures import tool_output
+
+    fixtures = Path(__file__).resolve().parents[2] / "fixtures" / "operate"
+    stalled = {"healthy": False, "reason": "the start stalled while waiting for the peers and "
+               "Ray's GPUs: no progress in the logs for 120 s", "excerpt": ""}  # fmt: skip
+    ray = {"text": tool_output(fixtures / "ray_status_one_node.txt"), "nodes": 2}
+    said = FAILED_START(stalled, *IMAGE, False, {}, "", True, ray)
+    assert (
+        "no progress in the logs for 120 s. Ray then: 1 of 2 nodes alive, 0 of 1 GPUs in use; "
+        "waiting for resources: {'GPU': 1.0} * 2 (PACK): 1+ pending placement groups. "
+        "Nothing served before this run" in said
+    ), said
+    # Not read (another backend, or check mode): nothing is added.
+    assert "Ray then" not in FAILED_START(stalled, *IMAGE, False, {}, "", True, None)

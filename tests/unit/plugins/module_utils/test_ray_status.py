@@ -43,3 +43,30 @@ def test_text_without_node_status_is_not_parsed(text):
     parsed = ray_status.parse(text)
     assert not parsed["parsed"]
     assert parsed["alive_nodes"] == 0
+
+
+
+def test_a_placement_group_left_waiting_is_a_demand():
+    # The worker's Ray container stopped while vLLM's group asked for both GPUs.
+    text = tool_output(FIXTURES / "ray_status_one_node.txt")
+    assert ray_status.parse(text)["demands"] == [
+        "{'GPU': 1.0} * 2 (PACK): 1+ pending placement groups"
+    ]
+    assert ray_status.failed_start_view(text, 2) == (
+        "Ray then: 1 of 2 nodes alive, 0 of 1 GPUs in use; waiting for resources: "
+        "{'GPU': 1.0} * 2 (PACK): 1+ pending placement groups"
+    )
+
+
+def test_a_group_that_holds_its_gpus_waits_for_nothing():
+    text = tool_output(FIXTURES / "ray_status_placement_group.txt")
+    assert ray_status.parse(text)["demands"] == []
+    assert ray_status.failed_start_view(text, 2) == (
+        "Ray then: 2 of 2 nodes alive, 2 of 2 GPUs in use"
+    )
+
+
+def test_an_unreadable_status_is_said_so_with_its_last_line():
+    said = ray_status.failed_start_view("boom\nConnectionError: no Ray here\n", 2)
+    assert said == "Ray then: its status was not readable (ConnectionError: no Ray here)"
+    assert ray_status.failed_start_view("", 2).endswith("(no output)")
