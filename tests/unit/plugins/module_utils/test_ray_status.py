@@ -45,7 +45,6 @@ def test_text_without_node_status_is_not_parsed(text):
     assert parsed["alive_nodes"] == 0
 
 
-
 def test_a_placement_group_left_waiting_is_a_demand():
     # The worker's Ray container stopped while vLLM's group asked for both GPUs.
     text = tool_output(FIXTURES / "ray_status_one_node.txt")
