@@ -1,11 +1,12 @@
-"""Cluster ports to peers only (host_prep's firewall) on the simulated pair. A container outside
-the nodes, on both of the sim's networks, is refused on Ray's ports and, while it is not in
-vllm_serve_allowed_sources, on the serving port; the peer and SSH get through; a worker's Ray
-that starts again joins the head through the firewall and the pair serves again (a drill:
-every deploy forms Ray through the firewall already); a rerun of
-the host_prep stage changes nothing; the default (the management network) lets the
-outsider reach the serving port again; and host_prep_firewall: false removes the table and
-its files, which a run with it on brings back as they were. A drill (`make test-drills`)
+"""Cluster ports to peers only (host_prep's firewall) on the simulated pair. deploy.yml with
+vllm_serve_allowed_sources narrowed to the controller converges naming the setting and touches
+no rank. A container outside the nodes, on both of the sim's networks, is then refused on
+Ray's ports and on the serving port; the peer and SSH get through; a worker's Ray that starts
+again joins the head through the firewall and the pair serves again (a drill: every deploy
+forms Ray through the firewall already); a rerun of the host_prep stage changes nothing;
+deploy.yml with the default (the management network) lets the outsider reach the serving port
+again, and refuses a bad CIDR before any change; and host_prep_firewall: false removes the
+table and its files, which a run with it on brings back as they were. A drill (`make test-drills`)
 restarts the worker node: its init loads the table before its Docker starts, so the table is
 there before Ray listens, and the outsider is refused again while the pair serves again."""
 
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import CONVERGE, NOOP, converge, drills
+from conftest import CONVERGE, NOOP, drills
 
 INVENTORY = Path(__file__).resolve().parents[2] / "inventories" / "sim"
 
@@ -105,18 +106,41 @@ def controller(sim):
 
 @pytest.fixture(scope="module")
 def firewalled(deployed_pair, playbook, outsider, controller):
-    """The host_prep stage with the serving port narrowed to the controller alone; afterwards
-    the inventory's default comes back, whatever happened."""
-    state = {"extra": ["-e", json.dumps({"vllm_serve_allowed_sources": [f"{controller}/32"]})]}
-    run = playbook("playbooks/host_prep.yml", *state["extra"])
+    """deploy.yml, as an owner runs it, with the serving port narrowed to the controller alone
+    (vllm_serve_allowed_sources); afterwards deploy.yml with the inventory's default, whatever
+    happened. What the run said and the rank containers before it are kept for the tests."""
+    nodes = deployed_pair
+    state = {
+        "extra": ["-e", json.dumps({"vllm_serve_allowed_sources": [f"{controller}/32"]})],
+        "default": serving_sources(nodes[0]),
+        "ranks": rank_containers(nodes),
+    }
+    run = playbook("deploy.yml", *state["extra"])
     assert run.rc == 0, run.failures() or run.raw[-4000:]
-    print(f"\nhost_prep with the firewall: {run.seconds:.0f}s, changed {run.changed()}")
+    print(f"\ndeploy.yml with the serving port narrowed: {run.seconds:.0f}s")
     state["first"] = run
     yield state
-    # The whole stage, as an owner would run it, so host_prep's record follows the default too.
     if not state.get("restored"):
-        back = playbook("playbooks/host_prep.yml")
-        assert back.rc == 0, back.failures()
+        back = playbook("deploy.yml")
+        assert back.rc == 0, back.failures() or back.raw[-4000:]
+
+
+def test_a_changed_allowed_sources_reaches_the_firewall_through_deploy(
+    firewalled, nodes, controller, playbook
+):
+    """The run converged naming the setting, the head's table holds the new set, and every
+    stage ran idempotent: no rank's container was touched; the same run again is a no-op.
+    (First in the module: the drills below restart ranks.)"""
+    said = firewalled["first"].noop_report()
+    assert said.startswith(CONVERGE), said
+    assert "spark-1: vllm_serve_allowed_sources: set to [" in said, said
+    ranks = firewalled["ranks"]
+    assert rank_containers(nodes) == ranks and len(ranks) == 3, ranks
+    assert serving_sources(nodes[0]) == [controller], (serving_sources(nodes[0]), firewalled)
+    again = playbook("deploy.yml", *firewalled["extra"])
+    assert again.rc == 0, again.failures()
+    assert again.noop_report().startswith(NOOP), again.noop_report()
+    assert again.changed() == {"localhost": 0, "spark-1": 0, "spark-2": 0}
 
 
 def test_every_node_holds_the_table_with_the_other_as_its_peer(firewalled, nodes):
@@ -173,14 +197,21 @@ def test_a_rerun_of_the_host_prep_stage_changes_nothing(firewalled, playbook):
 
 
 def test_the_default_admits_the_management_network(firewalled, nodes, outsider, playbook):
-    # The whole stage: a run of part of it (--tags host_prep_firewall) would leave host_prep's
-    # record with the narrowed sources, and the next full run would start there again.
-    back = playbook("playbooks/host_prep.yml")
-    assert back.rc == 0, back.failures()
+    """deploy.yml with the inventory's default: the outsider reaches the serving port again
+    (Ray's stay closed); a bad CIDR is then refused before any node is changed."""
+    back = playbook("deploy.yml")
+    assert back.rc == 0, back.failures() or back.raw[-4000:]
     firewalled["restored"] = True
     head = nodes[0]
+    assert serving_sources(head) == firewalled["default"]
     assert connect(outsider, head.mgmt_ip, SERVING_PORT) == "open"
     assert connect(outsider, head.mgmt_ip, GCS_PORT) == "refused"
+    bad = playbook("deploy.yml", "-e", json.dumps({"vllm_serve_allowed_sources": ["10.0.0.0/33"]}))
+    assert bad.rc != 0
+    assert "vllm_serve_allowed_sources" in "\n".join(bad.failures()), bad.failures()
+    assert "10.0.0.0/33" in "\n".join(bad.failures()), bad.failures()
+    assert bad.changed() == {"localhost": 0, "spark-1": 0, "spark-2": 0}, bad.changed_tasks()
+    assert serving_sources(head) == firewalled["default"]
 
 
 def live_table(node) -> subprocess.CompletedProcess:
@@ -290,45 +321,3 @@ def rank_containers(nodes) -> dict[str, str]:
                     "exec", node.container, "docker", "inspect", "-f", "{{.Id}}", name
                 ).strip()
     return found
-
-
-def test_a_changed_allowed_sources_reaches_the_firewall_through_deploy(
-    deployed_pair, nodes, outsider, controller, playbook
-):
-    """deploy.yml with vllm_serve_allowed_sources narrowed to the controller: the run converges
-    naming the setting, the head's table holds the new set, the outsider is refused on the
-    serving port while the controller is answered, and the same run again is a no-op. Every
-    stage ran, each idempotent: no rank's container is touched. The inventory's default then
-    admits the outsider again, and a bad CIDR is refused before any node is changed. The pair
-    is first converged (where the drill above ran, it restarted a rank), so what changes is
-    the setting's alone."""
-    converge("test_firewall (allowed sources)", nodes)
-    head = nodes[0]
-    default = serving_sources(head)
-    ranks = rank_containers(nodes)
-    narrowed = ["-e", json.dumps({"vllm_serve_allowed_sources": [f"{controller}/32"]})]
-    try:
-        run = playbook("deploy.yml", *narrowed)
-        assert run.rc == 0, run.failures() or run.raw[-4000:]
-        said = run.noop_report()
-        assert said.startswith(CONVERGE), said
-        assert "spark-1: vllm_serve_allowed_sources: set to [" in said, said
-        assert rank_containers(nodes) == ranks and len(ranks) == 3, ranks
-        assert serving_sources(head) == [controller], (serving_sources(head), default)
-        assert connect(outsider, head.mgmt_ip, SERVING_PORT) == "refused"
-        assert completion(head) == 2
-        again = playbook("deploy.yml", *narrowed)
-        assert again.rc == 0, again.failures()
-        assert again.noop_report().startswith(NOOP), again.noop_report()
-        assert again.changed() == {"localhost": 0, "spark-1": 0, "spark-2": 0}
-    finally:
-        back = playbook("deploy.yml")
-        assert back.rc == 0, back.failures() or back.raw[-4000:]
-    assert serving_sources(head) == default
-    assert connect(outsider, head.mgmt_ip, SERVING_PORT) == "open"
-    bad = playbook("deploy.yml", "-e", json.dumps({"vllm_serve_allowed_sources": ["10.0.0.0/33"]}))
-    assert bad.rc != 0
-    assert "vllm_serve_allowed_sources" in "\n".join(bad.failures()), bad.failures()
-    assert "10.0.0.0/33" in "\n".join(bad.failures()), bad.failures()
-    assert bad.changed() == {"localhost": 0, "spark-1": 0, "spark-2": 0}, bad.changed_tasks()
-    assert serving_sources(head) == default
