@@ -27,6 +27,10 @@ KEY = SERVE["vllm_serve_api_key"]
 MODEL = drills.SERVED_MODEL
 ROTATED = "rotated-sim-key-0123"
 WAIT_TASK = "Wait until the pair serves, showing the start's progress"
+# vllm_serve's collective (tasks/collective.yml, test_collective.py): its decision, and each
+# node's stamp of the last pass.
+COLLECTIVE_DECIDED = "Say whether the collective runs"
+COLLECTIVE_STAMP = "/var/lib/dgx-spark/stamps/collective.json"
 ROLLBACK_WAIT_TASK = "Wait until the previous configuration serves again, showing its progress"
 
 
@@ -187,12 +191,17 @@ def test_a_key_rotation_restarts_the_group_once(deployed, nodes, hosts):
     left = "/etc/dgx-spark/vllm/0123456789abcdef"
     plant = f"mkdir -p -m 0700 {left} && printf %s {shlex.quote(KEY)} > {left}/auth.json"
     sh(hosts["spark-2"], plant)
+    stamps = {name: sh(host, f"cat {COLLECTIVE_STAMP}") for name, host in hosts.items()}
     with Client(nodes, [KEY, ROTATED]) as client:
         time.sleep(2)
         run = serve("-e", f"vllm_serve_api_key={ROTATED}")
         time.sleep(3)
     assert run.rc == 0, run.failures() or run.raw[-3000:]
     assert complete(nodes, ROTATED) and not complete(nodes, KEY)
+    # The key is no comm setting: the collective's stamps hold, so it is not run again.
+    decided = [str(r.get("msg", "")) for n, _h, r in run.results() if n == COLLECTIVE_DECIDED]
+    assert decided and "skipped (spark-1: skipped: collective passed " in decided[0], decided
+    assert {name: sh(host, f"cat {COLLECTIVE_STAMP}") for name, host in hosts.items()} == stamps
     start = vllm_start_seconds(run)
     gap = client.longest_gap()
     print(f"\nkey rotation: downtime {gap:.0f}s, vLLM start {start:.0f}s, "
