@@ -18,10 +18,14 @@ from ansible_collections.dgx_spark.cluster.plugins.plugin_utils.role_filter impo
 PROFILES = Path(__file__).resolve().parents[2] / "profiles"
 
 
+# libyaml's parser where PyYAML has it: each task's worker reads the profiles anew.
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
 @lru_cache(maxsize=4)
 def _shipped(directory: str, stamp: tuple) -> dict:
     return {
-        path.stem: yaml.safe_load(path.read_text(encoding="utf-8"))
+        path.stem: yaml.load(path.read_text(encoding="utf-8"), Loader=_LOADER)  # noqa: S506
         for path in sorted(Path(directory).glob("*.yml"))
     }
 
