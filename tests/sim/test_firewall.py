@@ -1,6 +1,7 @@
 """Cluster ports to peers only (host_prep's firewall) on the simulated pair. deploy.yml with
 vllm_serve_allowed_sources narrowed to the controller converges naming the setting and touches
-no rank. A container outside the nodes, on both of the sim's networks, is then refused on
+no rank: every stage runs, and only the firewall's two tasks and the record change anything.
+A container outside the nodes, on both of the sim's networks, is then refused on
 Ray's ports and on the serving port; the peer and SSH get through; a worker's Ray that starts
 again joins the head through the firewall and the pair serves again (a drill: every deploy
 forms Ray through the firewall already); a rerun of the host_prep stage changes nothing;
@@ -134,6 +135,7 @@ def test_a_changed_allowed_sources_reaches_the_firewall_through_deploy(
     said = firewalled["first"].noop_report()
     assert said.startswith(CONVERGE), said
     assert "spark-1: vllm_serve_allowed_sources: set to [" in said, said
+    assert changed_tasks_by_host(firewalled["first"]) == FIREWALL_ONLY
     ranks = firewalled["ranks"]
     assert rank_containers(nodes) == ranks and len(ranks) == 3, ranks
     assert serving_sources(nodes[0]) == [controller], (serving_sources(nodes[0]), firewalled)
@@ -202,6 +204,7 @@ def test_the_default_admits_the_management_network(firewalled, nodes, outsider, 
     back = playbook("deploy.yml")
     assert back.rc == 0, back.failures() or back.raw[-4000:]
     firewalled["restored"] = True
+    assert changed_tasks_by_host(back) == FIREWALL_ONLY
     head = nodes[0]
     assert serving_sources(head) == firewalled["default"]
     assert connect(outsider, head.mgmt_ip, SERVING_PORT) == "open"
@@ -301,6 +304,28 @@ def test_after_a_node_restart_the_table_is_back_before_ray_listens(firewalled, n
     assert connect(outsider, head.fast_ip, GCS_PORT) == "refused"
     assert connect(head.container, worker.fast_ip, NODE_MANAGER_PORT) == "open"
     assert completion(head) == 2
+
+
+# What a converge whose only change is the serving port's sources changes on each node: every
+# other task of every stage runs and changes nothing (this is the suite's proof that a whole
+# converge is idempotent; molecule's default scenario reruns deploy.yml as a no-op).
+FIREWALL_ONLY = {
+    node: [
+        "Load the firewall's ruleset, in one transaction",
+        "Record what this converge was given and left",
+        "Write the firewall's ruleset",
+    ]
+    for node in ("spark-1", "spark-2")
+}
+
+
+def changed_tasks_by_host(run) -> dict[str, list[str]]:
+    """The names of the tasks that changed something, sorted, by host."""
+    found: dict[str, set[str]] = {}
+    for name, host, result in run.results():
+        if result.get("changed"):
+            found.setdefault(host, set()).add(name)
+    return {host: sorted(names) for host, names in found.items()}
 
 
 def serving_sources(node) -> list[str]:

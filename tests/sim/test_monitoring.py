@@ -3,9 +3,9 @@ which deploy.yml runs with spark_monitoring on) runs Prometheus (Debian's packag
 sim's monitoring image) on the head and a node exporter on both nodes; load is sent;
 Prometheus's API holds vLLM's request and token counters and both nodes' memory; every
 dashboard panel reads metrics it holds; the firewall keeps the node exporter to the head;
-stopping the serving container fires ServingEndpointDown (timed, a drill). Afterwards
-deploy.yml with the inventory's spark_monitoring (false) removes monitoring, and the pair is in
-step with the inventory again."""
+stopping the serving container fires ServingEndpointDown (timed, a drill). Afterwards the
+stage with the inventory's spark_monitoring (false) removes monitoring, and the pair is in
+step with the inventory again (the next deploy.yml is a no-op)."""
 
 from __future__ import annotations
 
@@ -72,8 +72,8 @@ def monitored(sim, deployed_pair):
     own stage:
     playbooks/monitoring.yml, the playbook deploy.yml runs with spark_monitoring true, which
     loads host_prep's table with the monitoring ports before it starts anything. Afterwards
-    deploy.yml with the inventory's spark_monitoring (false) removes it, and the next run is a
-    no-op: no container or table rule of the monitoring is left."""
+    the same stage with the inventory's spark_monitoring (false) removes it, and the next run
+    is a no-op: no container or table rule of the monitoring is left."""
     nodes = deployed_pair
     sim.monitoring(build_only=False)
     run = run_playbook("playbooks/monitoring.yml", *ON)
@@ -81,10 +81,11 @@ def monitored(sim, deployed_pair):
     print(f"\nplaybooks/monitoring.yml with spark_monitoring=true: {run.seconds:.0f}s")
     assert _answers(nodes), "the pair does not serve after playbooks/monitoring.yml"
     yield nodes
-    # Off as an owner turns it off: the inventory's spark_monitoring (false) and deploy.yml,
-    # whose monitoring stage removes what the run with it true started. Prometheus's data
-    # stays, as for an owner; the test removes it afterwards.
-    off = run_playbook("deploy.yml")
+    # Off as an owner turns it off: the inventory's spark_monitoring (false) and the stage,
+    # which removes what the run with it true started and loads host_prep's table without the
+    # monitoring ports (deploy.yml runs the same stage last). Prometheus's data stays, as for
+    # an owner; the test removes it afterwards.
+    off = run_playbook("playbooks/monitoring.yml")
     assert off.rc == 0, off.failures() or off.raw[-4000:]
     for node in nodes:
         names = on_node(node, "docker", "ps", "-a", "--format", "{{.Names}}").stdout.split()

@@ -133,13 +133,14 @@ def test_switching_profiles_moves_the_pair_and_back_under_a_client(pair):
 
     # 1. The images stage alone: its architecture is not in the base, so it builds the hybrid
     # (the donor's vLLM under the base's Ray) and points the alias at it; nothing that serves
-    # notices.
-    with Client(nodes, [KEY], models) as client:
+    # notices. Nothing restarts here, so no gap is measured: a request every 6 s is enough to
+    # see one fail, and leaves the build the CPU the answers would take.
+    with Client(nodes, [KEY], models, period=6.0) as client:
         time.sleep(2)
         images = run_playbook("playbooks/images.yml", *SWITCH)
         time.sleep(2)
     assert images.rc == 0, images.failures() or images.raw[-3000:]
-    assert client.failed == 0, client.failed
+    assert client.failed == 0 and len(client.ok) >= images.seconds // 12, (client.failed, client.ok)
     assert f"serves profile {SECOND}" in images.messages() and "overlay" in images.messages()
     assert {n.name: containers(n) for n in nodes} == before
     alias = {n.name: node_image_id(n, ALIAS) for n in nodes}

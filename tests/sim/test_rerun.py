@@ -54,9 +54,10 @@ def overwrite_middle(host) -> None:
 @pytest.fixture(scope="module")
 def noop(sim, nodes):
     """The pair as a converge leaves it (conftest's converge: a no-op, or a repair of what an
-    earlier module left); then deploy.yml, which must be a no-op. That a converge with nothing
-    to change changes and restarts nothing is molecule's default scenario: its idempotence run
-    is deploy.yml -e deploy_full=true, and its verify compares the serving container's start."""
+    earlier module left); then deploy.yml, which must be a no-op. That a whole converge changes
+    only what a setting moved is test_firewall's (its two converges change the firewall's two
+    tasks and the record alone, and touch no rank); molecule's default reruns deploy.yml as a
+    no-op, and its verify compares the serving container's start."""
     converge("test_rerun", nodes)
     again = run_playbook("deploy.yml")
     assert again.rc == 0, again.failures() or again.raw[-3000:]

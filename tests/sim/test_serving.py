@@ -56,9 +56,11 @@ class Client(threading.Thread):
     # from the run it watched (test_profiles' way back: 235 s under it, 146 s without).
     PERIOD = 2.0
 
-    def __init__(self, nodes, keys: list[str], models: tuple[str, ...] = (MODEL,)):
+    def __init__(self, nodes, keys: list[str], models: tuple[str, ...] = (MODEL,),
+                 period: float | None = None):  # fmt: skip
         super().__init__(daemon=True)
         self.nodes, self.keys, self.models = nodes, keys, models
+        self.period = self.PERIOD if period is None else period
         self.ok: list[float] = []
         self.failed = 0
         self.stop = threading.Event()
@@ -70,7 +72,7 @@ class Client(threading.Thread):
                 self.ok.append(time.monotonic())
             else:
                 self.failed += 1
-            time.sleep(self.PERIOD)
+            time.sleep(self.period)
 
     def longest_gap(self) -> float:
         gaps = [b - a for a, b in zip(self.ok, self.ok[1:], strict=False)]
