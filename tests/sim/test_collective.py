@@ -4,8 +4,9 @@ vllm_serve's tasks/collective.yml runs a two-rank all_reduce (Gloo on the simula
 containers made with the Ray containers' settings whenever a node's stamp ``collective`` does
 not hold for the serving image's ID and its comm settings (comm.env, the ranks' environment,
 the NCCL library). It is stamped on each node, skipped while nothing changed (shown by
-test_serving's key rotation, a serve run whose comm settings stay) and run again for a changed
-comm setting; a failure stops the run while the running group keeps serving.
+test_serving's key rotation, a deploy.yml serve run whose comm settings stay, after the serving
+stage alone stamped it here) and run again for a changed comm setting; a failure stops the run
+while the running group keeps serving.
 """
 
 from __future__ import annotations
@@ -29,7 +30,9 @@ WRONG_SUM_IMAGE = "dgxsim-collective/wrong-sum:latest"
 
 
 def serve(*extra: str):
-    return run_playbook("deploy.yml", "--tags", "serve", *extra)
+    """The serving stage alone, as an owner reruns it: with no preflight or ray stage in the
+    run, it decides the NCCL the ranks load itself (read-only), as deploy.yml's would."""
+    return run_playbook("playbooks/serve.yml", *extra)
 
 
 def said(run, task: str) -> list[str]:
@@ -58,7 +61,7 @@ def checked(run) -> str:
 
 @pytest.fixture(scope="module")
 def first(deployed_pair, nodes):
-    """A serve run after the stamps were removed: the collective is due on every node. The
+    """The serving stage after the stamps were removed: the collective is due on every node. The
     settings stay the inventory's throughout, so no test here restarts the serving group."""
     for node in nodes:
         on_node(node, "rm", "-f", STAMP)
@@ -92,6 +95,9 @@ def test_the_first_run_ran_it_passed_and_stamped_it_on_every_node(first, nodes):
             "comm_env", "image_id", "model_env", "nccl_host_library", "nccl_library", "rank_env",
         ], rec  # fmt: skip
         assert "NCCL_SOCKET_IFNAME=" in rec["inputs"]["comm_env"], rec
+        # The pair's choice for spark_nccl_library auto (a CPU build's torch has no NCCL: the
+        # image's), as deploy.yml's runs stamp it, so they find this stamp holds.
+        assert rec["inputs"]["nccl_library"] == "image", rec
         assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", rec["passed_at"]), rec
     # And the rank's container is gone.
     assert not [n.name for n in nodes if container(n, "dgx-spark-collective")]
