@@ -1,12 +1,12 @@
-"""The simulated pair itself: SSH, per-node Docker daemons, the fast link, fixtures."""
+"""The simulated pair itself: SSH, per-node Docker daemons, the fast link, fixtures. That the
+donor's vLLM serves the tiny model is shown where the collection uses it: molecule's images
+scenario serves it from the seed design's overlay, test_profiles from the second profile's."""
 
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
-from conftest import drills
 
 
 def test_both_nodes_answer_ansible_over_ssh(ansible, nodes):
@@ -136,40 +136,3 @@ def test_base_is_a_cuda_images_layout_with_ray_and_vllm_in_the_system_python(hos
         f"docker image inspect -f '{{{{json .Config.Entrypoint}}}}' {images.CLUSTER_IMAGE}"
     )
     assert json.loads(entrypoint) == ["/opt/nvidia/nvidia_entrypoint.sh"]
-
-
-def test_donor_serves_the_tiny_model(ansible, hosts, nodes, images):
-    node = nodes[0]
-    host = hosts[node.name]
-    model_dir = "/home/spark/sim-models/tiny-qwen3-moe"
-    copied = ansible(
-        node.name,
-        "ansible.builtin.copy",
-        f"src={images.TINY_MODEL}/ dest={model_dir}/ mode=preserve",
-    )[node.name]
-    assert not copied.get("failed"), copied.get("msg")
-    name = "dgxsim-test-donor"  # on 8090: a deployed endpoint may hold 8000
-    host.run(f"sudo docker rm -f {name}")
-    start = host.run(
-        f"sudo docker run -d --name {name} --network host --ipc host -v {model_dir}:/model:ro "
-        f"{images.DONOR_IMAGE} /model --served-model-name tiny "
-        "--port 8090 --max-model-len 512 --enforce-eager"
-    )
-    assert start.rc == 0, start.stderr
-    try:
-        endpoint = drills.endpoint(f"http://{node.mgmt_ip}:8090", timeout=10)
-        deadline = time.monotonic() + 300
-        while endpoint.health()[0] != 200:
-            running = host.run(f"sudo docker inspect -f '{{{{.State.Running}}}}' {name}")
-            if running.stdout.strip() != "true" or time.monotonic() > deadline:
-                logs = host.run(f"sudo docker logs --tail 40 {name}")
-                pytest.fail(f"vllm-donor did not become healthy:\n{logs.stdout}{logs.stderr}")
-            time.sleep(3)
-        models, error = endpoint.models()
-        assert [m["id"] for m in models] == ["tiny"], error
-        known = json.loads((images.SIM / "models" / "conversations.json").read_text())
-        prompt = known["completions"][0]
-        completion = endpoint.complete("tiny", prompt["prompt"], max_tokens=16, timeout=120)
-        assert completion.text == prompt["text"], completion
-    finally:
-        host.run(f"sudo docker rm -f {name}")
