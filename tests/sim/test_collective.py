@@ -4,9 +4,8 @@ vllm_serve's tasks/collective.yml runs a two-rank all_reduce (Gloo on the simula
 containers made with the Ray containers' settings whenever a node's stamp ``collective`` does
 not hold for the serving image's ID and its comm settings (comm.env, the ranks' environment,
 the NCCL library). It is stamped on each node, skipped while nothing changed (shown by
-test_serving's key rotation, a deploy.yml serve run whose comm settings stay, after the serving
-stage alone stamped it here) and run again for a changed comm setting; a failure stops the run
-while the running group keeps serving.
+test_serving's key rotation, a serve run whose comm settings stay) and run again for a
+changed comm setting; a failure stops the run while the running group keeps serving.
 """
 
 from __future__ import annotations
