@@ -27,9 +27,9 @@ def hybrid_image_env(donor_env, base_env, overrides=None, skip=None):
     return _wrap(hybrid_image.merge_env, donor_env, base_env, dict(overrides or {}), skip)
 
 
-def hybrid_image_env_instructions(env):
-    """Dockerfile ENV lines that set ``env`` literally."""
-    return _wrap(hybrid_image.env_instructions, dict(env or {}))
+def hybrid_image_instruction(pairs, keyword):
+    """One Dockerfile ENV or LABEL instruction that sets ``pairs`` literally ("" for none)."""
+    return _wrap(hybrid_image.instruction, str(keyword), dict(pairs or {}))
 
 
 def hybrid_image_cluster_files(entrypoint, extra=None, base_venv=""):
@@ -98,7 +98,7 @@ OPERATIONS = {
     "digest": hybrid_image_digest,
     "preflight": hybrid_image_preflight,
     "env": hybrid_image_env,
-    "env_instructions": hybrid_image_env_instructions,
+    "instruction": hybrid_image_instruction,
     "cluster_files": hybrid_image_cluster_files,
     "wheel_target": hybrid_image_wheel_target,
     "transplant_plan": hybrid_image_transplant_plan,

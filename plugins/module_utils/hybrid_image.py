@@ -8,8 +8,9 @@ is a function of values the role has already read (``docker image inspect`` outp
 ``vllm_registry_info`` results, file lists): no Docker, no I/O.
 
 * ``input_digest``: the 12-hex tag derived from every input of a build.
-* ``merge_env`` / ``env_instructions``: the environment of an overlay image, from the
-  donor's and the base's ``Config.Env``.
+* ``merge_env``: the environment of an overlay image, from the donor's and the base's
+  ``Config.Env``; ``instruction``: one Dockerfile ``ENV`` or ``LABEL`` that sets it (or the
+  image's labels).
 * ``cluster_files``: the base's entrypoint scripts that the overlay carries over.
 * ``wheel_target``: the ``pip download`` target (Python, ABI, manylinux platforms) for the
   Python inside an image.
@@ -160,22 +161,32 @@ def merge_env(
     }
 
 
-def _env_quote(value: str) -> str:
+def _quote(value: str) -> str:
     if "\n" in value or "\r" in value:
-        raise HybridImageError(f"an environment value cannot hold a line break: {value!r}")
-    # The builder expands $VAR inside ENV, also within double quotes: escape it.
+        raise HybridImageError(f"an environment or label value cannot hold a line break: {value!r}")
+    # The builder expands $VAR inside ENV and LABEL, also within double quotes: escape it.
     escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$")
     return f'"{escaped}"'
 
 
-def env_instructions(env: dict) -> list[str]:
-    """Dockerfile ``ENV`` lines that set exactly ``env`` (values taken literally)."""
-    lines = []
-    for key, value in env.items():
-        if not _ENV_KEY.match(str(key)):
-            raise HybridImageError(f"environment variable name {key!r} is not valid")
-        lines.append(f"ENV {key}={_env_quote(str(value))}")
-    return lines
+_LABEL_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]*$")
+_INSTRUCTION_KEYS = {"ENV": ("environment variable", _ENV_KEY), "LABEL": ("label", _LABEL_KEY)}
+
+
+def instruction(keyword: str, pairs: dict) -> str:
+    """One Dockerfile ``ENV`` or ``LABEL`` instruction that sets every pair (values taken
+    literally), or "" when there is none. One instruction, not one per pair: the legacy builder
+    makes every instruction a container and a commit, which the containerd image store takes
+    seconds for on an image of vLLM's size."""
+    if keyword not in _INSTRUCTION_KEYS:
+        raise HybridImageError(f"instruction must be ENV or LABEL, not {keyword!r}")
+    what, valid = _INSTRUCTION_KEYS[keyword]
+    parts = []
+    for key, value in pairs.items():
+        if not valid.match(str(key)):
+            raise HybridImageError(f"{what} name {key!r} is not valid")
+        parts.append(f"{key}={_quote(str(value))}")
+    return f"{keyword} " + " \\\n    ".join(parts) if parts else ""
 
 
 # --------------------------------------------------------------------------- cluster layer

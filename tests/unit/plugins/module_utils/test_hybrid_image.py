@@ -187,17 +187,34 @@ def test_merge_env_refuses_a_bad_override_name():
         ({"EMPTY": ""}, 'ENV EMPTY=""'),
     ],
 )
-def test_env_instructions_quote_literally(env, line):
-    assert hi.env_instructions(env) == [line]
+def test_an_env_instruction_quotes_literally(env, line):
+    assert hi.instruction("ENV", env) == line
+
+
+def test_every_pair_is_one_instruction_continued_over_lines():
+    labels = {"dgx_spark.cluster.hybrid_image.base": "vllm-node:1", "a/b-c_d": "$x", "n": 3}
+    assert hi.instruction("LABEL", labels).split("\n") == [
+        'LABEL dgx_spark.cluster.hybrid_image.base="vllm-node:1" \\',
+        '    a/b-c_d="\\$x" \\',
+        '    n="3"',
+    ]
+    assert hi.instruction("ENV", {}) == ""
 
 
 @pytest.mark.parametrize(
-    ("env", "message"),
-    [({"X": "two\nlines"}, "line break"), ({"1X": "v"}, "not valid")],
+    ("keyword", "pairs", "message"),
+    [
+        ("ENV", {"X": "two\nlines"}, "line break"),
+        ("LABEL", {"x": "a\rb"}, "line break"),
+        ("ENV", {"1X": "v"}, "environment variable name '1X' is not valid"),
+        ("LABEL", {"has space": "v"}, "label name 'has space' is not valid"),
+        ("LABEL", {"-x": "v"}, "label name '-x' is not valid"),
+        ("RUN", {"X": "v"}, "must be ENV or LABEL, not 'RUN'"),
+    ],
 )
-def test_env_instructions_refuse(env, message):
-    with pytest.raises(hi.HybridImageError, match=message):
-        hi.env_instructions(env)
+def test_an_instruction_refuses(keyword, pairs, message):
+    with pytest.raises(hi.HybridImageError, match=re.escape(message)):
+        hi.instruction(keyword, pairs)
 
 
 # --------------------------------------------------------------------------- cluster files
