@@ -9,8 +9,11 @@ parser of ``vllm serve`` the way vLLM's CLI does (``vllm.entrypoints.cli.serve``
 ``make_arg_parser``, wherever a version keeps it) and parses ``["serve", *args]``; then runs
 the CLI's ``validate()``, imports the parser plugins the arguments name, reads the registries
 of reasoning and tool-call parsers, and builds ``AsyncEngineArgs.from_cli_args`` (the
-sub-configurations, no model config). Nothing loads weights, reads the model's config or
-touches a device.
+sub-configurations), then, when asked, the model's configuration. Nothing loads weights or
+touches a device; the model's class is inspected in the probe's own process, not in the
+second Python vLLM starts for it (``_run_in_subprocess`` of its model registry, there so that
+vLLM's own process never initializes CUDA): that Python imports vLLM again, about 7 s of the
+probe's 15 on the simulated pair.
 
 The registries have moved between releases: tool parsers live in ``vllm.tool_parsers`` from
 0.14 (before, ``vllm.entrypoints.openai.tool_parsers``); both managers list their names with
@@ -241,6 +244,15 @@ if engine_args is not None and REQUEST.get("model_config"):
         doc["model_config"] = "skipped: %s has no config.json in the probe" % model
     else:
         try:
+            # vLLM inspects the model's class in a fresh Python (vLLM imported a second time:
+            # seconds on a CPU) only so that its own process never initializes CUDA. This
+            # process has no device and ends here: the class is inspected in it.
+            try:
+                registry = importlib.import_module("vllm.model_executor.models.registry")
+            except ImportError:
+                registry = None
+            if callable(getattr(registry, "_run_in_subprocess", None)):
+                registry._run_in_subprocess = lambda fn: fn()
             config = engine_args.create_model_config()
             doc["model_config"] = {
                 "max_model_len": getattr(config, "max_model_len", None),

@@ -117,11 +117,23 @@ class AsyncEngineArgs:
         if self.max_model_len and self.max_model_len > limit:
             raise ValueError(f"User-specified max_model_len ({self.max_model_len}) is greater "
                              f"than the derived max_model_len ({limit})")
+        from vllm.model_executor.models.registry import inspect_model_cls
+        inspect_model_cls(config["architectures"])
         if config["architectures"] != ["Qwen3MoeForCausalLM"]:
             raise ValueError(f"Model architectures {config['architectures']} are not supported "
                              "for now")
         return types.SimpleNamespace(max_model_len=self.max_model_len or limit,
                                      architectures=config["architectures"])
+"""
+# vLLM's registry inspects a model's class through a second Python; the probe runs it in its
+# own process instead (this stand-in's second Python is a failure).
+REGISTRY = """
+def _run_in_subprocess(fn):
+    raise RuntimeError("the model's class was inspected in a second Python")
+
+
+def inspect_model_cls(architectures):
+    return _run_in_subprocess(lambda: architectures)
 """
 OLD_MANAGER = """
 class {cls}:
@@ -163,6 +175,9 @@ def make_vllm(root: Path, layout: str, version: str = "0.32.0", broken_tools: bo
         write(pkg / part / "__init__.py")
     write(site / f"vllm-{version}.dist-info" / "METADATA", f"Name: vllm\nVersion: {version}\n")
     write(pkg / "engine" / "arg_utils.py", ENGINE)
+    write(pkg / "model_executor" / "__init__.py")
+    write(pkg / "model_executor" / "models" / "__init__.py")
+    write(pkg / "model_executor" / "models" / "registry.py", REGISTRY)
     manager = OLD_MANAGER if layout == "old" else NEW_MANAGER
     write(pkg / "reasoning" / "__init__.py", manager.format(
         cls="ReasoningParserManager", attr="reasoning_parsers", kind="reasoning"))  # fmt: skip
@@ -465,6 +480,10 @@ def test_every_release_has_what_the_probe_reaches_for(version, fetch_vllm_sdist)
         arg_utils = _member(archive, version, "vllm/engine/arg_utils.py")
         assert re.search(r"class AsyncEngineArgs\(EngineArgs\)", arg_utils)
         assert "def from_cli_args(" in arg_utils
+        # Replaced in the probe, so that the model's class is inspected in its own process.
+        registry = _member(archive, version, "vllm/model_executor/models/registry.py")
+        assert re.search(r"^def _run_in_subprocess\(fn", registry, re.MULTILINE), version
+        assert "_run_in_subprocess(" in registry.split("def inspect_model_cls", 1)[1], version
 
 
 # --------------------------------------------------------------------------- the model's config
