@@ -4,7 +4,9 @@ sim-up skips making the model when its inputs' digest (sim_images.tiny_model_inp
 generator, its template and conversations, the donor image) matches the stamp: that is sound
 only if the same inputs always give the same checkpoint. This module needs the donor image
 (`make sim-up` builds it), not the pair; each build takes about ten seconds of one core.
-The second build is given other thread settings: the generator pins its own.
+The test's build is given other thread settings than sim-up's (the generator pins its own)
+and is compared with the copy sim-up made from the same inputs; where that copy is missing or
+from other inputs, a second build with the default settings stands in for it.
 """
 
 from __future__ import annotations
@@ -33,19 +35,18 @@ def donor():
 
 
 def test_two_builds_of_the_tiny_model_give_the_same_bytes(donor, tmp_path):
-    first = build(tmp_path / "one" / "tiny")
-    second = build(tmp_path / "two" / "tiny", "OMP_NUM_THREADS=2", "MKL_NUM_THREADS=2")
-    assert sorted(first) == [
+    built = build(tmp_path / "one" / "tiny", "OMP_NUM_THREADS=2", "MKL_NUM_THREADS=2")
+    assert sorted(built) == [
         "config.json", "generation_config.json", "model-00001-of-00002.safetensors",
         "model-00002-of-00002.safetensors", "model.safetensors.index.json", "tokenizer.json",
         "tokenizer_config.json",
     ]  # fmt: skip
-    differ = [name for name in first if first[name] != second.get(name)]
-    assert not differ, f"two builds of the tiny model differ in {differ}"
-    # And the copy the pair serves, when sim-up made it from these same inputs.
+    # The other build: the copy the pair serves, when sim-up made it from these same inputs.
     stamp = sim_images.TINY_MODEL / ".inputs"
     if stamp.is_file() and stamp.read_text() == sim_images.tiny_model_inputs():
-        served = {p.name: p.read_bytes() for p in sim_images.TINY_MODEL.iterdir()}
-        served.pop(".inputs")
-        differ = sorted(set(served) ^ set(first) | {n for n in first if served.get(n) != first[n]})
-        assert not differ, f"{sim_images.TINY_MODEL} differs from a build in {differ}"
+        other, where = {p.name: p.read_bytes() for p in sim_images.TINY_MODEL.iterdir()}, "sim-up"
+        other.pop(".inputs")
+    else:
+        other, where = build(tmp_path / "two" / "tiny"), "a second build"
+    differ = sorted(set(other) ^ set(built) | {n for n in built if other.get(n) != built[n]})
+    assert not differ, f"the test's build of the tiny model and {where}'s differ in {differ}"
