@@ -14,7 +14,7 @@ the json callback. Prints, per run: wall time, the build, import-check and ship 
 bytes shipped and the number of changed tasks.
 
 On the simulated pair the inventory's base is served as it is (nothing is built): the runs
-take the older base, as molecule's images scenario does (--base; empty: the inventory's).
+take the older base, as test_profiles' switch does (--base; empty: the inventory's).
 
 Usage: hybrid_image_modes.py [--inventory inventories/sim] [--name dgx-spark/vllm-serving-bench]
                              [--base vllm-node:0.14.1-ray2.60.0]

@@ -109,8 +109,9 @@ MODULE_ORDER = (
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
-        "drill: a fault drill or a failed start's rollback, each a restart or two of the group "
-        "(minutes on the sim's CPU); `make test` leaves them out, `make test-drills` runs them",
+        "drill: a fault drill, a failed start's rollback (each a restart or two of the group), "
+        "or a check whose logic the unit tests hold and whose run here is minutes of load on "
+        "the sim's CPU; `make test` leaves them out, `make test-drills` runs them",
     )
 
 
@@ -352,7 +353,7 @@ def deployed_pair(request, sim, nodes):
 @pytest.fixture(scope="module")
 def pair_with_images(request, sim, nodes):
     """The pair answering with the inventory's key and the serving alias on every node, whatever
-    images stage record an earlier module left (molecule's images scenario, images.yml run
+    images stage record an earlier module left (test_profiles' older base, images.yml run
     with other names): for the modules that run the images stage themselves and need no more
     of the pair. deploy.yml (converge) only where a node lacks the alias or the pair does not
     answer; the next module that needs the pair as the inventory has it converges it."""

@@ -127,11 +127,20 @@ def test_benchmark_results_hang_together(serving, tmp_path):
         assert (first / name).read_bytes().startswith(PNG), name
     print(f"\nbenchmark wall time: {run.seconds:.1f} s\n" + (first / "summary.csv").read_text())
 
-    # A second, shorter sweep plotted against the first.
+
+@pytest.mark.drill
+def test_a_second_sweep_is_plotted_against_the_first(serving, tmp_path):
+    """benchmark_compare: two one-run sweeps, the second plotted against the first (a drill
+    for time only: each sweep is a `vllm bench serve` start, and the plot is unit-tested)."""
+    results = tmp_path / "results"
+    one = ("-e", '{"operate_benchmark_concurrency": [1]}', "-e", "operate_benchmark_min_prompts=4",
+           "-e", "operate_benchmark_prompts_per_slot=2")  # fmt: skip
+    run = playbook("benchmark.yml", "-e", f"operate_benchmark_results_dir={results}", *one)
+    assert run.rc == 0, run.stdout[-4000:]
+    (first,) = results.iterdir()
     again = playbook(
         "benchmark.yml",
-        "-e", f"operate_benchmark_results_dir={results}",
-        "-e", '{"operate_benchmark_concurrency": [1]}', *fewer,
+        "-e", f"operate_benchmark_results_dir={results}", *one,
         "-e", f"benchmark_compare={first}",
     )  # fmt: skip
     assert again.rc == 0, again.stdout[-4000:]

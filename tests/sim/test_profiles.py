@@ -4,6 +4,12 @@ sim's base lacks and its donor has. Switching to it and back goes through the re
 the hybrid build and the group's restart for real, under a client whose downtime is measured;
 a profile the images or the memory cannot serve is refused before anything changes.
 
+The switch also takes the seed design's path: an older cluster base (Ray in a virtualenv, a
+vLLM whose registry predates both architectures, no torch) with the donor's vLLM. So the
+overlay of that layout is built once on the head, shipped to the worker, probed (registry,
+NCCL, the image report) and served across both nodes; the transplant an owner might try
+instead is refused with the alias left on the overlay.
+
 The module starts from the pair converged with the inventory (conftest's converge) and ends
 there: its last run switches back with the inventory's own profile, which the next module's
 converge then finds (a no-op).
@@ -32,8 +38,17 @@ SECOND = "sim-tiny-qwen3"
 SECOND_MODEL = "tiny-qwen3"
 MODELS = "/var/lib/dgx-spark/models"
 RECORD = "/var/lib/dgx-spark/converged.json"
-# The second profile, with speculative decoding on: its n-gram method with two tokens.
-SWITCH = ("-e", f"spark_model_profile={SECOND}", "-e", "spark_model_speculative_tokens=2")
+# The seed design's older base (sim/images/vllm-node-old): its vLLM imports neither profile.
+OLD_BASE = "vllm-node:0.14.1-ray2.60.0"
+DONOR = "vllm-donor:0.32.0-cpu"
+# The second profile, with speculative decoding on (its n-gram method with two tokens), on the
+# older base, built on the head and shipped to the worker (hybrid_image_mode build_once; the
+# transplant below is refused on every node, as each_node, the default, builds it).
+SWITCH = (
+    "-e", f"spark_model_profile={SECOND}", "-e", "spark_model_speculative_tokens=2",
+    "-e", f"hybrid_image_base={OLD_BASE}", "-e", "hybrid_image_mode=build_once",
+)  # fmt: skip
+LABEL = "dgx_spark.cluster.hybrid_image."
 # A VLLM_PLUGINS that names no plugin the image has: vLLM's engine does not start under it.
 BROKEN_PLUGINS = "dgxsim-test-no-such-plugin"
 GENERATION_LABEL = '{{index .Config.Labels "dgx_spark.cluster.generation"}}'
@@ -145,6 +160,26 @@ def test_switching_profiles_moves_the_pair_and_back_under_a_client(pair):
     assert {n.name: containers(n) for n in nodes} == before
     alias = {n.name: node_image_id(n, ALIAS) for n in nodes}
     assert all(alias[n] != base_alias[n] for n in alias), (alias, base_alias)
+    overlay_is_the_seed_designs(nodes, alias)
+
+    # The transplant (the older base with the donor's model file alone): its registry lists
+    # the architecture, its import fails, and the alias stays on the overlay.
+    transplant = run_playbook(
+        "playbooks/images.yml", *SWITCH, "-e", "hybrid_image_strategy=transplant",
+        "-e", "hybrid_image_mode=each_node",
+    )  # fmt: skip
+    assert transplant.rc != 0
+    said = "\n".join(transplant.failures())
+    assert "lists Qwen3ForCausalLM in its registry, but the import fails" in said, said
+    assert "No module named 'torch'" in said, said
+    assert {n.name: node_image_id(n, ALIAS) for n in nodes} == alias
+    listing = ("docker", "image", "ls", "--format", "{{.Repository}}:{{.Tag}}",
+               "--filter", "reference=dgx-spark/vllm-serving",
+               "--filter", f"label={LABEL}strategy=transplant")  # fmt: skip
+    for node in nodes:
+        rejected = on_node(node, *listing).stdout.split()
+        assert len(rejected) == 1 and rejected[0].endswith("-unverified"), (node.name, rejected)
+        on_node(node, "docker", "image", "rm", rejected[0])
 
     # 2. What the rerun and status see: the ranks on the image before the alias.
     said = run_playbook("playbooks/noop.yml", *SWITCH).noop_report()
@@ -173,7 +208,14 @@ def test_switching_profiles_moves_the_pair_and_back_under_a_client(pair):
         assert set(now) == set(before[node.name]), now
         assert {c["image"] for c in now.values()} == {alias[node.name]}, (node.name, now)
         assert model_dirs(node) >= {"tiny-qwen3-moe", SECOND_MODEL}, node.name
-    assert not [t for t in run.changed_tasks() if "host_prep" in t], run.changed_tasks()
+    # The images stage finds the overlay images.yml made on both nodes: nothing built or shipped.
+    built = (
+        "Build the image under its unverified tag",
+        "Stream the image from the head into this node",
+    )
+    assert not [t for t in run.changed_tasks() if "host_prep" in t or t.endswith(built)], (
+        run.changed_tasks()
+    )
     to_second, failed_to_second = client.longest_gap(), client.failed
     start_second = vllm_start_seconds(run)
 
@@ -237,6 +279,34 @@ def test_switching_profiles_moves_the_pair_and_back_under_a_client(pair):
     with DEPLOYS_LOG.open("a", encoding="utf-8") as log:  # kept whether or not pytest shows it
         log.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} test_profiles: {figures}\n")
     assert to_second <= start_second + 40 and client.longest_gap() <= start_back + 40
+
+
+def overlay_is_the_seed_designs(nodes, alias: dict) -> None:
+    """The alias on every node: the head's overlay of the older base and the donor, with the
+    base's entrypoint, whose Python imports the base's Ray and the donor's vLLM."""
+    head = nodes[0]
+    form = "{{json .Config.Labels}}|{{json .Config.Entrypoint}}|{{json .RepoTags}}"
+    labels, entrypoint, tags = (json.loads(part) for part in on_node(
+        head, "docker", "image", "inspect", "--format", form, ALIAS).stdout.split("|"))  # fmt: skip
+    base_entrypoint = on_node(head, "docker", "image", "inspect", "--format",
+                              "{{json .Config.Entrypoint}}", OLD_BASE).stdout  # fmt: skip
+    assert labels[f"{LABEL}strategy"] == "overlay", labels
+    assert labels[f"{LABEL}base_id"] == node_image_id(head, OLD_BASE), labels
+    assert labels[f"{LABEL}donor_id"] == node_image_id(head, DONOR), labels
+    assert f"dgx-spark/vllm-serving:{labels[f'{LABEL}digest']}" in tags, tags
+    assert entrypoint == json.loads(base_entrypoint), entrypoint
+    assert len(set(alias.values())) == 1, alias  # built once, shipped
+
+    def version(image: str, *names: str, entrypoint: bool = True) -> list[str]:
+        """What the image's python3 says of the packages, through its entrypoint or not."""
+        code = f"import importlib.metadata as m; print(*(m.version(n) for n in {names!r}))"
+        argv = [image, "python3", "-c", code] if entrypoint else [
+            "--entrypoint", "python3", image, "-c", code]  # fmt: skip
+        run = on_node(head, "docker", "run", "--rm", "--network", "none", *argv)
+        return run.stdout.splitlines()[-1].split()
+
+    expected = version(OLD_BASE, "ray") + version(DONOR, "vllm", entrypoint=False)
+    assert version(ALIAS, "ray", "vllm") == expected, expected
 
 
 @pytest.mark.drill

@@ -39,6 +39,10 @@ def _result(run, task: str) -> dict:
     return found
 
 
+# A drill for its time alone: the shortest soak is a minute of load on the CPU vLLM. The
+# verdict and the figures it prints are unit-tested (soak.judge, and the module against a
+# local endpoint that streams and one that freezes).
+@pytest.mark.drill
 def test_a_minute_under_load_passes_with_its_figures(serving_pair):
     run = run_playbook("playbooks/soak.yml", "-e", "soak_minutes=1", timeout=600)
     assert run.rc == 0, run.failures() or run.raw[-4000:]

@@ -175,7 +175,7 @@ def test_a_donor_pulled_anew_is_named_and_an_image_no_longer_named_is_not():
         "vllm-donor:0.32.0-cpu is sha256:a63a63a63a63 (was sha256:dddddddddddd at the last "
         "converge)"
     ]
-    # Another base named once (molecule's images scenario): only the images named now count.
+    # Another base named once (test_profiles' switch): only the images named now count.
     assert dr.compare(RECORD, node(images={ALIAS: OLD})) == []
 
 
