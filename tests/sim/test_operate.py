@@ -19,6 +19,8 @@ from conftest import PlaybookRun, drills, node_image_id, run_playbook
 
 ROOT = Path(__file__).resolve().parents[2]
 PNG = b"\x89PNG\r\n\x1a\n"
+# Fewer prompts per run than the sim's defaults: the figures' coherence is what is tested.
+FEWER = ("-e", "operate_benchmark_min_prompts=4", "-e", "operate_benchmark_prompts_per_slot=2")
 
 
 def playbook(name: str, *extra: str, timeout: int = 600) -> PlaybookRun:
@@ -99,9 +101,7 @@ def test_status_reports_a_healthy_pair(serving, deployed_pair, tmp_path):
 def test_benchmark_results_hang_together(serving, tmp_path):
     results = tmp_path / "results"
     relative = os.path.relpath(results, ROOT)
-    # Fewer prompts per run than the sim's defaults: the figures' coherence is what is tested.
-    fewer = ("-e", "operate_benchmark_min_prompts=4", "-e", "operate_benchmark_prompts_per_slot=2")
-    run = playbook("benchmark.yml", "-e", f"operate_benchmark_results_dir={relative}", *fewer)
+    run = playbook("benchmark.yml", "-e", f"operate_benchmark_results_dir={relative}", *FEWER)
     assert run.rc == 0, run.stdout[-4000:]
     assert "run 1/3: concurrency 1" in run.stdout  # progress is shown run by run
     (first,) = results.iterdir()
@@ -133,8 +133,7 @@ def test_a_second_sweep_is_plotted_against_the_first(serving, tmp_path):
     """benchmark_compare: two one-run sweeps, the second plotted against the first (a drill
     for time only: each sweep is a `vllm bench serve` start, and the plot is unit-tested)."""
     results = tmp_path / "results"
-    one = ("-e", '{"operate_benchmark_concurrency": [1]}', "-e", "operate_benchmark_min_prompts=4",
-           "-e", "operate_benchmark_prompts_per_slot=2")  # fmt: skip
+    one = ("-e", '{"operate_benchmark_concurrency": [1]}', *FEWER)
     run = playbook("benchmark.yml", "-e", f"operate_benchmark_results_dir={results}", *one)
     assert run.rc == 0, run.stdout[-4000:]
     (first,) = results.iterdir()
