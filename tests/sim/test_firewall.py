@@ -5,9 +5,10 @@ A container outside the nodes, on both of the sim's networks, is then refused on
 Ray's ports and on the serving port; the peer and SSH get through; a worker's Ray that starts
 again joins the head through the firewall and the pair serves again (a drill: every deploy
 forms Ray through the firewall already); a rerun of the host_prep stage changes nothing;
-deploy.yml with the default (the management network) lets the outsider reach the serving port
-again, and refuses a bad CIDR before any change; and host_prep_firewall: false removes the
-table and its files, which a run with it on brings back as they were. A drill (`make test-drills`)
+the host_prep stage with the default (the management network) lets the outsider reach the
+serving port again, and deploy.yml refuses a bad CIDR before any change; and
+host_prep_firewall: false removes the table and its files, which a run with it on brings back
+as they were. A drill (`make test-drills`)
 restarts the worker node: its init loads the table before its Docker starts, so the table is
 there before Ray listens, and the outsider is refused again while the pair serves again."""
 
@@ -23,7 +24,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import CONVERGE, NOOP, drills
+from conftest import CONVERGE, NOOP, drills, on_node
 
 INVENTORY = Path(__file__).resolve().parents[2] / "inventories" / "sim"
 
@@ -33,6 +34,7 @@ NODE_MANAGER_PORT = 6380
 SERVING_PORT = 8000
 TABLE = ("inet", "dgx_spark")
 FIREWALL_FILE = "/etc/dgx-spark/firewall.nft"
+RECORD = "/var/lib/dgx-spark/converged.json"
 # Refused means a TCP reset: the peer's "open" on the same port shows who refused it.
 PROBE = """
 import socket, sys
@@ -108,13 +110,14 @@ def controller(sim):
 @pytest.fixture(scope="module")
 def firewalled(deployed_pair, playbook, outsider, controller):
     """deploy.yml, as an owner runs it, with the serving port narrowed to the controller alone
-    (vllm_serve_allowed_sources); afterwards deploy.yml with the inventory's default, whatever
-    happened. What the run said and the rank containers before it are kept for the tests."""
+    (vllm_serve_allowed_sources); afterwards the default put back, whatever happened (restore).
+    What the run said, the rank containers and the converge records before it are kept."""
     nodes = deployed_pair
     state = {
         "extra": ["-e", json.dumps({"vllm_serve_allowed_sources": [f"{controller}/32"]})],
         "default": serving_sources(nodes[0]),
         "ranks": rank_containers(nodes),
+        "records": {n.name: on_node(n, "cat", RECORD).stdout for n in nodes},
     }
     run = playbook("deploy.yml", *state["extra"])
     assert run.rc == 0, run.failures() or run.raw[-4000:]
@@ -122,8 +125,20 @@ def firewalled(deployed_pair, playbook, outsider, controller):
     state["first"] = run
     yield state
     if not state.get("restored"):
-        back = playbook("deploy.yml")
-        assert back.rc == 0, back.failures() or back.raw[-4000:]
+        restore(state, nodes, playbook)
+
+
+def restore(state, nodes, playbook):
+    """The inventory's default back through the host_prep stage, and each node's converge
+    record as the converge before the narrowed one wrote it: the narrowed run changed nothing
+    else (FIREWALL_ONLY), so the pair is then as that record says, and the next module's no-op
+    check finds it so instead of converging the whole pair again. Returns the stage's run."""
+    back = playbook("playbooks/host_prep.yml")
+    assert back.rc == 0, back.failures() or back.raw[-4000:]
+    for node in nodes:
+        on_node(node, "sh", "-c", f"cat > {RECORD}", data=state["records"][node.name].encode())
+    state["restored"] = True
+    return back
 
 
 def test_a_changed_allowed_sources_reaches_the_firewall_through_deploy(
@@ -199,12 +214,15 @@ def test_a_rerun_of_the_host_prep_stage_changes_nothing(firewalled, playbook):
 
 
 def test_the_default_admits_the_management_network(firewalled, nodes, outsider, playbook):
-    """deploy.yml with the inventory's default: the outsider reaches the serving port again
-    (Ray's stay closed); a bad CIDR is then refused before any node is changed."""
-    back = playbook("deploy.yml")
-    assert back.rc == 0, back.failures() or back.raw[-4000:]
-    firewalled["restored"] = True
-    assert changed_tasks_by_host(back) == FIREWALL_ONLY
+    """The host_prep stage with the inventory's default: only the firewall changes, and the
+    outsider reaches the serving port again (Ray's stay closed); with the records put back the
+    pair is as the converge before the narrowed one left it (a no-op); a bad CIDR is then
+    refused by deploy.yml before any node is changed."""
+    back = restore(firewalled, nodes, playbook)
+    assert changed_tasks_by_host(back) == {
+        node: [t for t in tasks if "firewall" in t] for node, tasks in FIREWALL_ONLY.items()
+    }
+    assert playbook("playbooks/noop.yml").noop_report().startswith(NOOP)
     head = nodes[0]
     assert serving_sources(head) == firewalled["default"]
     assert connect(outsider, head.mgmt_ip, SERVING_PORT) == "open"
