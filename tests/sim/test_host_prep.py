@@ -1,5 +1,6 @@
 """playbooks/host_prep.yml on the simulated pair: what it sets up is checked on the nodes
-themselves, a second run changes nothing, and bad inputs stop it before any node changes."""
+themselves, a run on a prepared pair changes nothing, and bad inputs stop it before any node
+changes."""
 
 from __future__ import annotations
 
@@ -46,11 +47,15 @@ def playbook(*extra: str, path: str = "playbooks/host_prep.yml") -> PlaybookRun:
 
 @pytest.fixture(scope="module")
 def runs(sim):
+    """The stage's run, and a run on the pair it prepared: the same run where the pair was
+    prepared before it (after molecule's converge, in `make test`), else a second one."""
     first = playbook()
     assert first.rc == 0, "\n".join(first.failures()) or first.raw[-4000:]
-    second = playbook()
+    second = playbook() if any(s["changed"] for s in first.stats.values()) else first
     assert second.rc == 0, "\n".join(second.failures()) or second.raw[-4000:]
-    print(f"\nhost_prep: first run {first.seconds:.0f}s, second run {second.seconds:.0f}s")
+    print(
+        f"\nhost_prep: first run {first.seconds:.0f}s, on the prepared pair {second.seconds:.0f}s"
+    )
     return first, second
 
 
@@ -61,7 +66,7 @@ def _iface_with(host, address: str) -> dict:
     pytest.fail(f"no interface carries {address}")
 
 
-def test_second_run_changes_nothing(runs):
+def test_a_run_on_the_prepared_pair_changes_nothing(runs):
     _first, second = runs
     changed = {host: s["changed"] for host, s in second.stats.items()}
     # localhost: the inventory check the stage playbook runs first.
