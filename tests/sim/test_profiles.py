@@ -31,6 +31,7 @@ from conftest import (
     on_node,
     run_playbook,
 )
+from test_operate import FEWER
 from test_serving import KEY, Client, vllm_start_seconds
 from test_upgrade import ALIAS, NCCL_STAMP, containers, short
 
@@ -228,8 +229,7 @@ def test_switching_profiles_moves_the_pair_and_back_under_a_client(pair):
     bench = run_playbook(
         "playbooks/benchmark.yml", *SWITCH,
         "-e", "operate_benchmark_results_dir=.cache/bench-profiles",
-        "-e", '{"operate_benchmark_concurrency": [1]}',
-        "-e", "operate_benchmark_min_prompts=4", "-e", "operate_benchmark_prompts_per_slot=2",
+        "-e", '{"operate_benchmark_concurrency": [1]}', *FEWER,
     )  # fmt: skip
     assert bench.rc == 0, bench.failures() or bench.raw[-3000:]
     shown = bench.messages()
